@@ -1,0 +1,110 @@
+"""`python -m engine` / `epm-engine`: the engine CLI of docs/engine-contract.md.
+
+Generated text goes to stdout, diagnostics to stderr. A model or setting the engine
+cannot use is one line on stderr and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+from .dumps import MoEDumpWriter, write_atomic, write_logits
+from .gguf_model import ModelError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="epm-engine", description="expert-paged qwen3moe engine")
+    ap.add_argument("-m", "--model", required=True)
+    ap.add_argument("-p", "--prompt", default="")
+    ap.add_argument("-n", "--n-predict", type=int, default=32)
+    ap.add_argument("-c", "--ctx-size", type=int, default=512)
+    ap.add_argument("-t", "--threads", type=int, default=1)
+    ap.add_argument("-b", "--batch-size", type=int, default=32, help="prefill micro-batch")
+    ap.add_argument("--temp", type=float, default=0.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-chat", action="store_true", help="feed the prompt without the chat template")
+    ap.add_argument("--no-interactive", action="store_true", help="accepted for compatibility; never interactive")
+    ap.add_argument("--stats-file", help="append one JSON record per phase (prefill, decode)")
+    ap.add_argument("--dump-logits", action="store_true")
+    ap.add_argument("--logits-out", help="with --dump-logits: int32 n_vocab, then float32 rows")
+    ap.add_argument("--no-pager", action="store_true", help="read experts in place from the mapped file")
+    ap.add_argument("--arena-mb", type=float, help="expert arena size (SDQ_ARENA_MB overrides)")
+    ap.add_argument("--ram-budget-mb", type=float, help="refuse to start unless everything fits")
+    ap.add_argument("--no-prefetch", action="store_true")
+    ap.add_argument("--profile-out", help="write per-(layer, expert) routing counts")
+    ap.add_argument("--selftest", metavar="L:E:N:OUT", help="run one expert through the paged path")
+    return ap
+
+
+def _pager_config(a: argparse.Namespace):
+    from .pager import PagerConfig
+    return PagerConfig.from_env(arena_mb=a.arena_mb, ram_budget_mb=a.ram_budget_mb,
+                                prefetch=False if a.no_prefetch else None)
+
+
+def run(a: argparse.Namespace) -> int:
+    from .runtime import Engine, Options
+    if a.dump_logits and not a.logits_out:
+        raise ModelError("--dump-logits: --logits-out PATH is required")
+    for name in ("n_predict", "ctx_size", "threads", "batch_size"):
+        if getattr(a, name) < (0 if name == "n_predict" else 1):
+            raise ModelError(f"--{name.replace('_', '-')}: must be positive, got {getattr(a, name)}")
+    opts = Options(n_ctx=a.ctx_size, threads=a.threads, batch=a.batch_size, pager=not a.no_pager,
+                   pager_config=None if a.no_pager else _pager_config(a))
+    engine = Engine(a.model, opts)
+    try:
+        if a.selftest:
+            from .selftest import run_selftest
+            run_selftest(engine, a.selftest)
+            return 0
+        dump = MoEDumpWriter(os.environ["SDQ_MOE_DUMP"]) if os.environ.get("SDQ_MOE_DUMP") else None
+        if dump:
+            engine.on_moe(dump.write)
+        tokens = engine.encode_prompt(a.prompt, chat=not a.no_chat)
+        if not tokens:
+            raise ModelError("empty prompt")
+
+        def emit(tok: int) -> None:
+            sys.stdout.buffer.write(engine.tokenizer.token_bytes(tok))
+            sys.stdout.flush()
+
+        try:
+            _, logits = engine.generate(tokens, a.n_predict, a.temp, a.seed, on_token=emit)
+        except ValueError as e:
+            raise ModelError(str(e)) from None
+        sys.stdout.write("\n")
+        if dump:
+            dump.close()
+        if a.dump_logits:
+            write_logits(a.logits_out, logits)
+        records = engine.stats_records()
+        if a.stats_file:
+            with open(a.stats_file, "a") as f:
+                for r in records:
+                    f.write(json.dumps(r) + "\n")
+        if a.profile_out:
+            write_atomic(a.profile_out, engine.experts.profile_text().encode())
+        for r in records:
+            print(f"[epm] {r['phase']}: {r['tokens']} tok / {r['seconds']:.3f}s = {r['tok_s']:.2f} tok/s",
+                  file=sys.stderr)
+    finally:
+        engine.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    try:
+        return run(a)
+    except ModelError as e:
+        print(f"epm-engine: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,171 @@
+"""Load a qwen3moe GGUF for the engine: hyperparameters from metadata, tensors as views.
+
+Every tensor is a view into one read-only memory map of the file; nothing is copied here.
+The pager (engine/pager.py) decides how expert bytes actually reach RAM.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGUFReader
+from gguf import GGMLQuantizationType as Q
+
+ARCH = "qwen3moe"
+SUPPORTED = {Q.F32, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K}
+EXPERT_PARTS = ("gate", "up", "down")
+
+
+class ModelError(Exception):
+    """The model file cannot be used. The CLI prints `path: problem` and exits 2."""
+
+
+@dataclass(frozen=True)
+class HParams:
+    n_layer: int
+    n_ctx_train: int
+    n_embd: int
+    n_ff_exp: int
+    n_expert: int
+    n_expert_used: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    rms_eps: float
+    rope_base: float
+    n_vocab: int
+
+
+@dataclass(frozen=True)
+class Tensor:
+    name: str
+    qtype: Q
+    shape: tuple[int, ...]   # ggml order, fastest dimension first
+    offset: int              # absolute file offset
+    data: np.ndarray         # (rows..., row_bytes) uint8, or float32 for F32
+
+
+@dataclass(frozen=True)
+class ExpertPart:
+    qtype: Q
+    offset: int    # absolute file offset of expert 0's bytes
+    stride: int    # bytes per expert
+    rows: int
+    row_bytes: int
+
+
+class GGUFModel:
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise ModelError(f"{self.path}: no such file")
+        size = self.path.stat().st_size
+        if size < 24:
+            raise ModelError(f"{self.path}: {'empty file' if size == 0 else 'truncated GGUF header'}")
+        with open(self.path, "rb") as f:
+            if f.read(4) != b"GGUF":
+                raise ModelError(f"{self.path}: not a GGUF file (bad magic)")
+        try:
+            self.reader = GGUFReader(self.path)
+        except Exception as e:
+            raise ModelError(f"{self.path}: unreadable GGUF ({type(e).__name__}: {e})") from None
+        arch = self._meta("general.architecture", None)
+        if arch != ARCH:
+            raise ModelError(f"{self.path}: unsupported architecture {arch!r} (engine runs {ARCH})")
+        self.tensors: dict[str, Tensor] = {}
+        for t in self.reader.tensors:
+            qtype = Q(t.tensor_type)
+            if qtype not in SUPPORTED:
+                raise ModelError(f"{self.path}: tensor {t.name} has unsupported type {qtype.name}")
+            if int(t.data_offset) + int(t.n_bytes) > size:
+                raise ModelError(f"{self.path}: truncated (tensor {t.name} runs past end of file)")
+            shape = tuple(int(d) for d in t.field.parts[3])
+            block, bsize = GGML_QUANT_SIZES[qtype]
+            rows = shape[1:][::-1]
+            if qtype == Q.F32:
+                data = np.asarray(t.data).view(np.float32).reshape(*rows, shape[0])
+            else:
+                data = np.asarray(t.data).view(np.uint8).reshape(*rows, shape[0] // block * bsize)
+            self.tensors[t.name] = Tensor(t.name, qtype, shape, int(t.data_offset), data)
+        self.hp = self._hparams()
+        self._check_shapes()
+
+    def _meta(self, key: str, default=KeyError):
+        field = self.reader.get_field(key)
+        if field is None:
+            if default is KeyError:
+                raise ModelError(f"{self.path}: missing metadata key {key}")
+            return default
+        return field.contents()
+
+    def _hparams(self) -> HParams:
+        p = ARCH + "."
+        n_embd = int(self._meta(p + "embedding_length"))
+        n_head = int(self._meta(p + "attention.head_count"))
+        hp = HParams(
+            n_layer=int(self._meta(p + "block_count")),
+            n_ctx_train=int(self._meta(p + "context_length")),
+            n_embd=n_embd,
+            n_ff_exp=int(self._meta(p + "expert_feed_forward_length")),
+            n_expert=int(self._meta(p + "expert_count")),
+            n_expert_used=int(self._meta(p + "expert_used_count")),
+            n_head=n_head,
+            n_head_kv=int(self._meta(p + "attention.head_count_kv", n_head)),
+            head_dim=int(self._meta(p + "attention.key_length", n_embd // n_head)),
+            rms_eps=float(self._meta(p + "attention.layer_norm_rms_epsilon")),
+            rope_base=float(self._meta(p + "rope.freq_base", 10000.0)),
+            n_vocab=self.tensor("token_embd.weight").shape[1],
+        )
+        if not 0 < hp.n_expert_used <= hp.n_expert:
+            raise ModelError(f"{self.path}: bad expert counts ({hp.n_expert_used} of {hp.n_expert})")
+        if hp.n_head % hp.n_head_kv:
+            raise ModelError(f"{self.path}: head_count not a multiple of head_count_kv")
+        return hp
+
+    def tensor(self, name: str) -> Tensor:
+        if name not in self.tensors:
+            raise ModelError(f"{self.path}: missing tensor {name}")
+        return self.tensors[name]
+
+    def _check_shapes(self) -> None:
+        hp = self.hp
+        E, D, X, F = hp.n_embd, hp.head_dim, hp.n_expert, hp.n_ff_exp
+        want = {"token_embd.weight": (E, hp.n_vocab), "output_norm.weight": (E,)}
+        if "output.weight" in self.tensors:
+            want["output.weight"] = (E, hp.n_vocab)
+        for i in range(hp.n_layer):
+            b = f"blk.{i}."
+            want.update({
+                b + "attn_norm.weight": (E,), b + "attn_q.weight": (E, hp.n_head * D),
+                b + "attn_k.weight": (E, hp.n_head_kv * D), b + "attn_v.weight": (E, hp.n_head_kv * D),
+                b + "attn_output.weight": (hp.n_head * D, E), b + "attn_q_norm.weight": (D,),
+                b + "attn_k_norm.weight": (D,), b + "ffn_norm.weight": (E,),
+                b + "ffn_gate_inp.weight": (E, X), b + "ffn_gate_exps.weight": (E, F, X),
+                b + "ffn_up_exps.weight": (E, F, X), b + "ffn_down_exps.weight": (F, E, X),
+            })
+        for name, shape in want.items():
+            got = self.tensor(name).shape
+            if got != shape:
+                raise ModelError(f"{self.path}: tensor {name} has shape {list(got)}, expected {list(shape)}")
+        for name in ("ffn_gate_inp",):
+            for i in range(hp.n_layer):
+                if self.tensor(f"blk.{i}.{name}.weight").qtype != Q.F32:
+                    raise ModelError(f"{self.path}: blk.{i}.{name}.weight must be F32")
+
+    def layer(self, il: int, name: str) -> Tensor:
+        return self.tensor(f"blk.{il}.{name}.weight")
+
+    def expert_part(self, il: int, part: str) -> ExpertPart:
+        t = self.layer(il, f"ffn_{part}_exps")
+        n_expert, rows, row_bytes = t.data.shape
+        return ExpertPart(t.qtype, t.offset, rows * row_bytes, rows, row_bytes)
+
+    def expert_bytes(self, il: int) -> int:
+        return sum(self.expert_part(il, p).stride for p in EXPERT_PARTS)
+
+    def resident_bytes(self) -> int:
+        """Bytes of every tensor that is not an expert tensor (kept in RAM by the engine)."""
+        return sum(t.data.nbytes for n, t in self.tensors.items() if "_exps." not in n)

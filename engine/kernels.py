@@ -1,0 +1,642 @@
+"""Numba kernels of the engine: activation quantization, quantized mat-vec/mat-mat
+products and row dequantization, following ggml's CPU numerics.
+
+Numerics (read against llama.cpp's C sources, not memory):
+
+* ``quantize_q8_K``  == ``quantize_row_q8_K_ref`` (ggml/src/ggml-quants.c): signed max by
+  |x| (first strictly larger |x| wins), ``iscale = -127.f/max`` in float32,
+  ``nearest_int`` (the ``+12582912.f`` magic, i.e. round half to even), ``MIN(127, v)``,
+  ``d = 1/iscale``, bsums = sums of 16 quants.  An all-zero block gives d = 0, qs = 0
+  (and bsums = 0; the C leaves bsums unwritten there, which cannot change a product
+  because d = 0).
+* ``quantize_q8_0``  == ``quantize_row_q8_0_ref``: ``d = amax/127``, ``id = d ? 1/d : 0``,
+  ``qs = roundf(x*id)`` (half away from zero) using the *unrounded* d, then d is stored
+  as f16.  The returned d is the float32 value of that f16.
+* ``matmul_q4_K/q5_K/q6_K`` == ``ggml_vec_dot_q{4,5,6}_K_q8_K_generic``
+  (ggml/src/ggml-cpu/quants.c) per output element: exact int32 lane sums
+  ``aux32[l]`` (lane l = position mod 8) per super-block, then in float32 and in C
+  order: ``d = f16(x.d) * y.d``; ``sums[l] += d * (float)aux32[l]`` for l = 0..7;
+  (q4_K/q5_K) ``dmin = f16(x.dmin) * y.d; sumf -= dmin * (float)sumi`` with
+  ``sumi = sum_j bsums[j] * mins[j/2]``; at the end ``sumf += sums[l]`` for l = 0..7.
+  Integer sums are exact, so how they are formed does not matter: the kernels
+  pre-multiply each unpacked weight by its sub-block scale once per weight row (int16)
+  and reuse it for all activation rows.
+* ``matmul_q8_0`` == ``ggml_vec_dot_q8_0_q8_0_generic``:
+  ``sumf += (float)sumi * (f16(x.d) * f16(y.d))`` per 32-block, blocks in order.
+* ``matmul_f32`` == the scalar (non-SIMD) ``ggml_vec_dot_f32`` of
+  ggml/src/ggml-cpu/vec.cpp: ``ggml_float sumf = 0; sumf += (ggml_float)(x[i]*y[i])``,
+  i.e. each product rounded to float32, accumulated sequentially (i = 0, 1, ...) in
+  DOUBLE, and the sum rounded to float32 once at the end.  (ggml's SIMD path instead
+  uses several float32 FMA accumulators; that order is machine dependent and not
+  reproduced.)
+* F16 weights (dispatcher only): ggml multiplies them with F16 activations
+  (vec_dot_type F16), so x is rounded to f16 (RNE); scalar ``ggml_vec_dot_f16`` is the
+  same double accumulation of float32 products (exact for f16 x f16), so the F32 kernel
+  is reused on the f16 values.
+* ``dequantize_rows`` == ``dequantize_row_*`` in ggml-quants.c, which is also
+  ``gguf.quants.dequantize`` bit for bit (float32: ``(d*sc)*q - (dmin*m)`` etc.).
+
+Determinism: kernels are ``parallel=True`` with ``prange`` over fixed chunks of OUTPUT
+rows only; every output element is produced by one sequential loop whose order does not
+depend on the thread count, so results are bit-identical for any ``set_threads``.
+No fastmath anywhere (it would allow reassociation/contraction); every float operation
+is written on np.float32 operands so numba does not widen to float64.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+__all__ = [
+    "QK_K", "QK8_0", "BLOCK_BYTES",
+    "F32", "F16", "Q8_0", "Q4_K", "Q5_K", "Q6_K",
+    "quantize_q8_K", "quantize_q8_0",
+    "matmul_q4_K", "matmul_q5_K", "matmul_q6_K", "matmul_q8_0", "matmul_f32",
+    "matmul", "dequantize_rows", "set_threads", "get_threads",
+]
+
+QK_K = 256
+QK8_0 = 32
+
+# gguf.GGMLQuantizationType values
+F32 = 0
+F16 = 1
+Q8_0 = 8
+Q4_K = 12
+Q5_K = 13
+Q6_K = 14
+
+# (values per block, bytes per block)
+BLOCK_BYTES = {Q8_0: (32, 34), Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210)}
+
+# Output rows handled by one parallel work item (scratch buffers are per item).
+_CHUNK = 8
+
+
+def set_threads(n: int) -> None:
+    """Set the number of numba worker threads (results do not depend on it)."""
+    numba.set_num_threads(int(n))
+
+
+def get_threads() -> int:
+    return numba.get_num_threads()
+
+
+# --------------------------------------------------------------------------- helpers
+
+@njit(cache=True, inline="always")
+def _f16(lo, hi):
+    """IEEE binary16 (little-endian bytes lo, hi) -> float32, exact (incl. subnormals)."""
+    h = np.int32(lo) | (np.int32(hi) << 8)
+    e = (h >> 10) & 0x1F
+    m = h & 0x3FF
+    if e == 0:
+        v = math.ldexp(float(m), -24)
+    elif e == 31:
+        v = math.inf if m == 0 else math.nan
+    else:
+        v = math.ldexp(float(m | 0x400), e - 25)
+    if h & 0x8000:
+        v = -v
+    return np.float32(v)
+
+
+@njit(cache=True, inline="always")
+def _scale_min_k4(q, off, j):
+    """get_scale_min_k4(j, q + off) of ggml-quants.c -> (sc, m) as int32."""
+    if j < 4:
+        sc = np.int32(q[off + j]) & 63
+        mn = np.int32(q[off + j + 4]) & 63
+    else:
+        sc = (np.int32(q[off + j + 4]) & 0xF) | ((np.int32(q[off + j - 4]) >> 6) << 4)
+        mn = (np.int32(q[off + j + 4]) >> 4) | ((np.int32(q[off + j]) >> 6) << 4)
+    return sc, mn
+
+
+# ------------------------------------------------------------- activation quantization
+
+@njit(cache=True)
+def quantize_q8_K(x):
+    """x float32[n, k] (k % 256 == 0) -> (d f32[n, k/256], qs i8[n, k], bsums i16[n, k/16])."""
+    n, k = x.shape
+    if k % QK_K != 0:
+        raise ValueError("quantize_q8_K: k must be a multiple of 256")
+    nb = k // QK_K
+    d = np.zeros((n, nb), np.float32)
+    qs = np.zeros((n, k), np.int8)
+    bsums = np.zeros((n, k // 16), np.int16)
+    magic = np.float32(12582912.0)
+    m127 = np.float32(-127.0)
+    one = np.float32(1.0)
+    for r in range(n):
+        for i in range(nb):
+            base = i * QK_K
+            mx = np.float32(0.0)
+            amax = np.float32(0.0)
+            for j in range(QK_K):
+                v = np.float32(x[r, base + j])
+                ax = abs(v)
+                if ax > amax:
+                    amax = ax
+                    mx = v
+            if amax == 0:
+                continue  # d = 0, qs = 0, bsums = 0
+            iscale = m127 / mx
+            for j in range(QK_K):
+                # nearest_int(): (fval + 12582912.f) in float32, then the integer part
+                t = np.float32(iscale * np.float32(x[r, base + j])) + magic
+                v = np.int32(t) - np.int32(12582912)
+                if v > 127:
+                    v = np.int32(127)
+                qs[r, base + j] = v
+            for g in range(QK_K // 16):
+                s = np.int32(0)
+                for l in range(16):
+                    s += np.int32(qs[r, base + 16 * g + l])
+                bsums[r, i * 16 + g] = s
+            d[r, i] = one / iscale
+    return d, qs, bsums
+
+
+@njit(cache=True)
+def _quantize_q8_0_raw(x):
+    n, k = x.shape
+    nb = k // QK8_0
+    d = np.zeros((n, nb), np.float32)
+    qs = np.zeros((n, k), np.int8)
+    c127 = np.float32(127.0)
+    one = np.float32(1.0)
+    for r in range(n):
+        for i in range(nb):
+            base = i * QK8_0
+            amax = np.float32(0.0)
+            for j in range(QK8_0):
+                a = abs(np.float32(x[r, base + j]))
+                if a > amax:  # MAX(amax, fabsf(v))
+                    amax = a
+            dd = amax / c127
+            idd = one / dd if dd != 0 else np.float32(0.0)
+            for j in range(QK8_0):
+                x0 = np.float32(np.float32(x[r, base + j]) * idd)
+                # roundf: half away from zero (exact: float32 + 0.5 is exact in float64)
+                a = math.floor(abs(float(x0)) + 0.5)
+                if x0 < 0:
+                    a = -a
+                qs[r, base + j] = np.int32(a)
+            d[r, i] = dd
+    return d, qs
+
+
+def quantize_q8_0(x):
+    """x float32[n, k] (k % 32 == 0) -> (d f32[n, k/32] = value of the f16 scale, qs i8[n, k])."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.ndim != 2 or x.shape[1] % QK8_0 != 0:
+        raise ValueError("quantize_q8_0: x must be (n, k) with k % 32 == 0")
+    d, qs = _quantize_q8_0_raw(x)
+    # GGML_FP32_TO_FP16 rounds to nearest even, as numpy's float32 -> float16 cast does.
+    return d.astype(np.float16).astype(np.float32), qs
+
+
+# ------------------------------------------------------------- weight row unpacking
+
+@njit(cache=True, inline="always")
+def _unpack_q4_K_row(wr, nb, ws, xd, xm, mins):
+    """ws[p] = scale(p) * q4[p] (int16), xd/xm = f16 d/dmin, mins[8*i + j]."""
+    for i in range(nb):
+        o = i * 144
+        xd[i] = _f16(wr[o], wr[o + 1])
+        xm[i] = _f16(wr[o + 2], wr[o + 3])
+        for c in range(4):
+            sc0, m0 = _scale_min_k4(wr, o + 4, 2 * c)
+            sc1, m1 = _scale_min_k4(wr, o + 4, 2 * c + 1)
+            mins[i * 8 + 2 * c] = m0
+            mins[i * 8 + 2 * c + 1] = m1
+            qo = o + 16 + 32 * c
+            p = i * QK_K + 64 * c
+            for l in range(32):
+                q = np.int32(wr[qo + l])
+                ws[p + l] = sc0 * (q & 0xF)
+                ws[p + 32 + l] = sc1 * (q >> 4)
+
+
+@njit(cache=True, inline="always")
+def _unpack_q5_K_row(wr, nb, ws, xd, xm, mins):
+    for i in range(nb):
+        o = i * 176
+        xd[i] = _f16(wr[o], wr[o + 1])
+        xm[i] = _f16(wr[o + 2], wr[o + 3])
+        for c in range(4):
+            sc0, m0 = _scale_min_k4(wr, o + 4, 2 * c)
+            sc1, m1 = _scale_min_k4(wr, o + 4, 2 * c + 1)
+            mins[i * 8 + 2 * c] = m0
+            mins[i * 8 + 2 * c + 1] = m1
+            qo = o + 48 + 32 * c
+            ho = o + 16
+            p = i * QK_K + 64 * c
+            for l in range(32):
+                q = np.int32(wr[qo + l])
+                h = np.int32(wr[ho + l])
+                ws[p + l] = sc0 * ((q & 0xF) + (((h >> (2 * c)) & 1) << 4))
+                ws[p + 32 + l] = sc1 * ((q >> 4) + (((h >> (2 * c + 1)) & 1) << 4))
+
+
+@njit(cache=True, inline="always")
+def _unpack_q6_K_row(wr, nb, ws, xd):
+    for i in range(nb):
+        o = i * 210
+        xd[i] = _f16(wr[o + 208], wr[o + 209])
+        for half in range(2):
+            ql = o + 64 * half
+            qh = o + 128 + 32 * half
+            p = i * QK_K + 128 * half
+            for l in range(32):
+                a = np.int32(wr[ql + l])
+                b = np.int32(wr[ql + 32 + l])
+                h = np.int32(wr[qh + l])
+                q1 = ((a & 0xF) | (((h >> 0) & 3) << 4)) - 32
+                q2 = ((b & 0xF) | (((h >> 2) & 3) << 4)) - 32
+                q3 = ((a >> 4) | (((h >> 4) & 3) << 4)) - 32
+                q4 = ((b >> 4) | (((h >> 6) & 3) << 4)) - 32
+                e1 = 128 * half + l
+                # scales are int8: byte -> signed
+                s1 = np.int32(np.int8(wr[o + 192 + e1 // 16]))
+                s2 = np.int32(np.int8(wr[o + 192 + (e1 + 32) // 16]))
+                s3 = np.int32(np.int8(wr[o + 192 + (e1 + 64) // 16]))
+                s4 = np.int32(np.int8(wr[o + 192 + (e1 + 96) // 16]))
+                ws[p + l] = s1 * q1
+                ws[p + 32 + l] = s2 * q2
+                ws[p + 64 + l] = s3 * q3
+                ws[p + 96 + l] = s4 * q4
+
+
+# ------------------------------------------------------------- per-row dot products
+
+@njit(cache=True, inline="always")
+def _lanes_superblock(ws, q8, base):
+    """Exact int32 lane sums aux32[l] = sum over positions = l (mod 8) of ws*q8."""
+    a0 = np.int32(0)
+    a1 = np.int32(0)
+    a2 = np.int32(0)
+    a3 = np.int32(0)
+    a4 = np.int32(0)
+    a5 = np.int32(0)
+    a6 = np.int32(0)
+    a7 = np.int32(0)
+    for g in range(QK_K // 8):
+        o = base + 8 * g
+        a0 += np.int32(ws[o]) * np.int32(q8[o])
+        a1 += np.int32(ws[o + 1]) * np.int32(q8[o + 1])
+        a2 += np.int32(ws[o + 2]) * np.int32(q8[o + 2])
+        a3 += np.int32(ws[o + 3]) * np.int32(q8[o + 3])
+        a4 += np.int32(ws[o + 4]) * np.int32(q8[o + 4])
+        a5 += np.int32(ws[o + 5]) * np.int32(q8[o + 5])
+        a6 += np.int32(ws[o + 6]) * np.int32(q8[o + 6])
+        a7 += np.int32(ws[o + 7]) * np.int32(q8[o + 7])
+    return a0, a1, a2, a3, a4, a5, a6, a7
+
+
+@njit(cache=True, inline="always")
+def _dot_kquant(ws, xd, xm, mins, has_min, nb, yd, q8, bs):
+    s0 = np.float32(0.0)
+    s1 = np.float32(0.0)
+    s2 = np.float32(0.0)
+    s3 = np.float32(0.0)
+    s4 = np.float32(0.0)
+    s5 = np.float32(0.0)
+    s6 = np.float32(0.0)
+    s7 = np.float32(0.0)
+    sumf = np.float32(0.0)
+    for i in range(nb):
+        a0, a1, a2, a3, a4, a5, a6, a7 = _lanes_superblock(ws, q8, i * QK_K)
+        d = np.float32(xd[i] * yd[i])
+        s0 = np.float32(s0 + np.float32(d * np.float32(a0)))
+        s1 = np.float32(s1 + np.float32(d * np.float32(a1)))
+        s2 = np.float32(s2 + np.float32(d * np.float32(a2)))
+        s3 = np.float32(s3 + np.float32(d * np.float32(a3)))
+        s4 = np.float32(s4 + np.float32(d * np.float32(a4)))
+        s5 = np.float32(s5 + np.float32(d * np.float32(a5)))
+        s6 = np.float32(s6 + np.float32(d * np.float32(a6)))
+        s7 = np.float32(s7 + np.float32(d * np.float32(a7)))
+        if has_min:
+            sumi = np.int32(0)
+            for j in range(QK_K // 16):
+                sumi += np.int32(bs[i * 16 + j]) * mins[i * 8 + j // 2]
+            dmin = np.float32(xm[i] * yd[i])
+            sumf = np.float32(sumf - np.float32(dmin * np.float32(sumi)))
+    sumf = np.float32(sumf + s0)
+    sumf = np.float32(sumf + s1)
+    sumf = np.float32(sumf + s2)
+    sumf = np.float32(sumf + s3)
+    sumf = np.float32(sumf + s4)
+    sumf = np.float32(sumf + s5)
+    sumf = np.float32(sumf + s6)
+    sumf = np.float32(sumf + s7)
+    return sumf
+
+
+@njit(cache=True, parallel=True)
+def matmul_q4_K(w, d, qs, bsums):
+    """w uint8[rows, nb*144], Q8_K activations (d, qs, bsums) of x[n, k] -> float32[n, rows]."""
+    rows = w.shape[0]
+    n, k = qs.shape
+    nb = k // QK_K
+    if k % QK_K != 0 or w.shape[1] != nb * 144 or d.shape[0] != n or bsums.shape[0] != n:
+        raise ValueError("matmul_q4_K: shape mismatch")
+    out = np.empty((n, rows), np.float32)
+    nch = (rows + _CHUNK - 1) // _CHUNK
+    for c in prange(nch):
+        ws = np.empty(k, np.int16)
+        xd = np.empty(nb, np.float32)
+        xm = np.empty(nb, np.float32)
+        mins = np.empty(nb * 8, np.int32)
+        for r in range(c * _CHUNK, min(rows, (c + 1) * _CHUNK)):
+            _unpack_q4_K_row(w[r], nb, ws, xd, xm, mins)
+            for j in range(n):
+                out[j, r] = _dot_kquant(ws, xd, xm, mins, True, nb, d[j], qs[j], bsums[j])
+    return out
+
+
+@njit(cache=True, parallel=True)
+def matmul_q5_K(w, d, qs, bsums):
+    """w uint8[rows, nb*176], Q8_K activations of x[n, k] -> float32[n, rows]."""
+    rows = w.shape[0]
+    n, k = qs.shape
+    nb = k // QK_K
+    if k % QK_K != 0 or w.shape[1] != nb * 176 or d.shape[0] != n or bsums.shape[0] != n:
+        raise ValueError("matmul_q5_K: shape mismatch")
+    out = np.empty((n, rows), np.float32)
+    nch = (rows + _CHUNK - 1) // _CHUNK
+    for c in prange(nch):
+        ws = np.empty(k, np.int16)
+        xd = np.empty(nb, np.float32)
+        xm = np.empty(nb, np.float32)
+        mins = np.empty(nb * 8, np.int32)
+        for r in range(c * _CHUNK, min(rows, (c + 1) * _CHUNK)):
+            _unpack_q5_K_row(w[r], nb, ws, xd, xm, mins)
+            for j in range(n):
+                out[j, r] = _dot_kquant(ws, xd, xm, mins, True, nb, d[j], qs[j], bsums[j])
+    return out
+
+
+@njit(cache=True, parallel=True)
+def matmul_q6_K(w, d, qs, bsums):
+    """w uint8[rows, nb*210], Q8_K activations of x[n, k] -> float32[n, rows] (bsums unused)."""
+    rows = w.shape[0]
+    n, k = qs.shape
+    nb = k // QK_K
+    if k % QK_K != 0 or w.shape[1] != nb * 210 or d.shape[0] != n:
+        raise ValueError("matmul_q6_K: shape mismatch")
+    out = np.empty((n, rows), np.float32)
+    nch = (rows + _CHUNK - 1) // _CHUNK
+    for c in prange(nch):
+        ws = np.empty(k, np.int16)
+        xd = np.empty(nb, np.float32)
+        xm = np.empty(1, np.float32)
+        mins = np.empty(1, np.int32)
+        for r in range(c * _CHUNK, min(rows, (c + 1) * _CHUNK)):
+            _unpack_q6_K_row(w[r], nb, ws, xd)
+            for j in range(n):
+                out[j, r] = _dot_kquant(ws, xd, xm, mins, False, nb, d[j], qs[j], bsums[j])
+    return out
+
+
+@njit(cache=True, parallel=True)
+def matmul_q8_0(w, d, qs):
+    """w uint8[rows, nb*34], Q8_0 activations (d = f16 values as f32, qs) -> float32[n, rows]."""
+    rows = w.shape[0]
+    n, k = qs.shape
+    nb = k // QK8_0
+    if k % QK8_0 != 0 or w.shape[1] != nb * 34 or d.shape[0] != n:
+        raise ValueError("matmul_q8_0: shape mismatch")
+    out = np.empty((n, rows), np.float32)
+    nch = (rows + _CHUNK - 1) // _CHUNK
+    for c in prange(nch):
+        wq = np.empty(k, np.int8)
+        xd = np.empty(nb, np.float32)
+        for r in range(c * _CHUNK, min(rows, (c + 1) * _CHUNK)):
+            wr = w[r]
+            for i in range(nb):
+                o = i * 34
+                xd[i] = _f16(wr[o], wr[o + 1])
+                for l in range(QK8_0):
+                    wq[i * QK8_0 + l] = np.int8(wr[o + 2 + l])
+            for j in range(n):
+                yq = qs[j]
+                yd = d[j]
+                sumf = np.float32(0.0)
+                for i in range(nb):
+                    sumi = np.int32(0)
+                    b = i * QK8_0
+                    for l in range(QK8_0):
+                        sumi += np.int32(wq[b + l]) * np.int32(yq[b + l])
+                    sumf = np.float32(sumf + np.float32(np.float32(sumi) * np.float32(xd[i] * yd[i])))
+                out[j, r] = sumf
+    return out
+
+
+@njit(cache=True, parallel=True)
+def matmul_f32(w, x):
+    """w float32[rows, k], x float32[n, k] -> float32[n, rows].
+
+    out[j, r] = float32( sum_i double(float32(w[r, i] * x[j, i])) ), summed sequentially
+    i = 0..k-1 in double (scalar ggml_vec_dot_f32).  Four output rows are advanced
+    together (independent chains) for throughput; that does not change any chain.
+    """
+    rows, k = w.shape
+    n = x.shape[0]
+    if x.shape[1] != k:
+        raise ValueError("matmul_f32: shape mismatch")
+    out = np.empty((n, rows), np.float32)
+    nch = (rows + _CHUNK - 1) // _CHUNK
+    for c in prange(nch):
+        r0 = c * _CHUNK
+        r1 = min(rows, r0 + _CHUNK)
+        for j in range(n):
+            xj = x[j]
+            r = r0
+            while r + 4 <= r1:
+                w0 = w[r]
+                w1 = w[r + 1]
+                w2 = w[r + 2]
+                w3 = w[r + 3]
+                s0 = 0.0
+                s1 = 0.0
+                s2 = 0.0
+                s3 = 0.0
+                for i in range(k):
+                    xv = xj[i]
+                    s0 += np.float64(np.float32(w0[i] * xv))
+                    s1 += np.float64(np.float32(w1[i] * xv))
+                    s2 += np.float64(np.float32(w2[i] * xv))
+                    s3 += np.float64(np.float32(w3[i] * xv))
+                out[j, r] = np.float32(s0)
+                out[j, r + 1] = np.float32(s1)
+                out[j, r + 2] = np.float32(s2)
+                out[j, r + 3] = np.float32(s3)
+                r += 4
+            while r < r1:
+                wr = w[r]
+                s0 = 0.0
+                for i in range(k):
+                    s0 += np.float64(np.float32(wr[i] * xj[i]))
+                out[j, r] = np.float32(s0)
+                r += 1
+    return out
+
+
+# ------------------------------------------------------------- dequantization
+
+@njit(cache=True, parallel=True)
+def _dequant_q8_0(w):
+    rows = w.shape[0]
+    nb = w.shape[1] // 34
+    out = np.empty((rows, nb * QK8_0), np.float32)
+    for r in prange(rows):
+        for i in range(nb):
+            o = i * 34
+            dd = _f16(w[r, o], w[r, o + 1])
+            for l in range(QK8_0):
+                out[r, i * QK8_0 + l] = np.float32(np.float32(np.int8(w[r, o + 2 + l])) * dd)
+    return out
+
+
+@njit(cache=True, parallel=True)
+def _dequant_q45_K(w, five):
+    rows = w.shape[0]
+    bpb = 176 if five else 144
+    nb = w.shape[1] // bpb
+    out = np.empty((rows, nb * QK_K), np.float32)
+    for r in prange(rows):
+        for i in range(nb):
+            o = i * bpb
+            dd = _f16(w[r, o], w[r, o + 1])
+            dm = _f16(w[r, o + 2], w[r, o + 3])
+            qo = o + (48 if five else 16)
+            for c in range(4):
+                sc0, m0 = _scale_min_k4(w[r], o + 4, 2 * c)
+                sc1, m1 = _scale_min_k4(w[r], o + 4, 2 * c + 1)
+                d1 = np.float32(dd * np.float32(sc0))
+                mm1 = np.float32(dm * np.float32(m0))
+                d2 = np.float32(dd * np.float32(sc1))
+                mm2 = np.float32(dm * np.float32(m1))
+                p = i * QK_K + 64 * c
+                for l in range(32):
+                    q = np.int32(w[r, qo + 32 * c + l])
+                    lo = q & 0xF
+                    hi = q >> 4
+                    if five:
+                        h = np.int32(w[r, o + 16 + l])
+                        lo += ((h >> (2 * c)) & 1) << 4
+                        hi += ((h >> (2 * c + 1)) & 1) << 4
+                    out[r, p + l] = np.float32(np.float32(d1 * np.float32(lo)) - mm1)
+                    out[r, p + 32 + l] = np.float32(np.float32(d2 * np.float32(hi)) - mm2)
+    return out
+
+
+@njit(cache=True, parallel=True)
+def _dequant_q6_K(w):
+    rows = w.shape[0]
+    nb = w.shape[1] // 210
+    out = np.empty((rows, nb * QK_K), np.float32)
+    for r in prange(rows):
+        for i in range(nb):
+            o = i * 210
+            dd = _f16(w[r, o + 208], w[r, o + 209])
+            for half in range(2):
+                ql = o + 64 * half
+                qh = o + 128 + 32 * half
+                p = i * QK_K + 128 * half
+                for l in range(32):
+                    a = np.int32(w[r, ql + l])
+                    b = np.int32(w[r, ql + 32 + l])
+                    h = np.int32(w[r, qh + l])
+                    q1 = ((a & 0xF) | (((h >> 0) & 3) << 4)) - 32
+                    q2 = ((b & 0xF) | (((h >> 2) & 3) << 4)) - 32
+                    q3 = ((a >> 4) | (((h >> 4) & 3) << 4)) - 32
+                    q4 = ((b >> 4) | (((h >> 6) & 3) << 4)) - 32
+                    e = 128 * half + l
+                    s1 = np.float32(np.int8(w[r, o + 192 + e // 16]))
+                    s2 = np.float32(np.int8(w[r, o + 192 + (e + 32) // 16]))
+                    s3 = np.float32(np.int8(w[r, o + 192 + (e + 64) // 16]))
+                    s4 = np.float32(np.int8(w[r, o + 192 + (e + 96) // 16]))
+                    out[r, p + l] = np.float32(np.float32(dd * s1) * np.float32(q1))
+                    out[r, p + 32 + l] = np.float32(np.float32(dd * s2) * np.float32(q2))
+                    out[r, p + 64 + l] = np.float32(np.float32(dd * s3) * np.float32(q3))
+                    out[r, p + 96 + l] = np.float32(np.float32(dd * s4) * np.float32(q4))
+    return out
+
+
+def _as_rows_u8(w, qtype):
+    w = np.asarray(w)
+    if w.dtype != np.uint8:
+        w = w.view(np.uint8)
+    if w.ndim != 2:
+        raise ValueError(f"weights must be 2-D (rows, row_bytes), got shape {w.shape}")
+    bs, ts = BLOCK_BYTES[qtype]
+    if w.shape[1] % ts != 0:
+        raise ValueError(f"row bytes {w.shape[1]} not a multiple of block size {ts} for qtype {qtype}")
+    return np.ascontiguousarray(w)
+
+
+def dequantize_rows(w, qtype: int) -> np.ndarray:
+    """uint8[rows, row_bytes] of qtype (Q8_0/Q4_K/Q5_K/Q6_K, also F32/F16) -> float32[rows, k]."""
+    qtype = int(qtype)
+    if qtype == F32:
+        return np.ascontiguousarray(np.asarray(w).view(np.float32))
+    if qtype == F16:
+        return np.asarray(w).view(np.float16).astype(np.float32)
+    if qtype not in BLOCK_BYTES:
+        raise ValueError(f"dequantize_rows: unsupported ggml type {qtype}")
+    w = _as_rows_u8(w, qtype)
+    if qtype == Q8_0:
+        return _dequant_q8_0(w)
+    if qtype == Q4_K:
+        return _dequant_q45_K(w, False)
+    if qtype == Q5_K:
+        return _dequant_q45_K(w, True)
+    return _dequant_q6_K(w)
+
+
+# ------------------------------------------------------------- dispatcher
+
+def matmul(w, qtype: int, x) -> np.ndarray:
+    """y[n, rows] = W x for weights w (rows of a ggml tensor of type qtype) and x float32[n, k].
+
+    The activation is quantized as ggml's CPU backend does (vec_dot_type): Q8_K for
+    Q4_K/Q5_K/Q6_K, Q8_0 for Q8_0, F16 for F16, none for F32.  A 1-D x is treated as
+    (1, k); the result is always 2-D.
+    """
+    qtype = int(qtype)
+    x = np.asarray(x, dtype=np.float32)
+    if x.ndim == 1:
+        x = x.reshape(1, -1)
+    x = np.ascontiguousarray(x)
+    if qtype in (Q4_K, Q5_K, Q6_K):
+        w = _as_rows_u8(w, qtype)
+        d, qs, bsums = quantize_q8_K(x)
+        if qtype == Q4_K:
+            return matmul_q4_K(w, d, qs, bsums)
+        if qtype == Q5_K:
+            return matmul_q5_K(w, d, qs, bsums)
+        return matmul_q6_K(w, d, qs, bsums)
+    if qtype == Q8_0:
+        w = _as_rows_u8(w, qtype)
+        d, qs = quantize_q8_0(x)
+        return matmul_q8_0(w, d, qs)
+    if qtype == F32:
+        w = np.asarray(w)
+        if w.dtype != np.float32:
+            w = w.view(np.float32)
+        return matmul_f32(np.ascontiguousarray(w), x)
+    if qtype == F16:
+        w = np.asarray(w)
+        if w.dtype != np.float16:
+            w = w.view(np.float16)
+        xh = x.astype(np.float16).astype(np.float32)
+        return matmul_f32(np.ascontiguousarray(w.astype(np.float32)), xh)
+    raise ValueError(f"matmul: unsupported ggml type {qtype} "
+                     f"(supported: F32=0, F16=1, Q8_0=8, Q4_K=12, Q5_K=13, Q6_K=14)")

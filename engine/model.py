@@ -1,0 +1,198 @@
+"""The qwen3moe forward pass, in the order of the graph (see docs/engine-contract.md).
+
+Dense weights are used in place from the memory-mapped file; expert weights come from an
+ExpertStore (resident: the mapped file; paged: the RAM arena), which is the only thing
+that differs between `--no-pager` and a paged run -- so their logits must be identical.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import numpy as np
+
+from . import kernels as K
+from . import ops
+from .gguf_model import GGUFModel
+
+Q8K_TYPES = (K.Q4_K, K.Q5_K, K.Q6_K)
+
+
+class ExpertStore(Protocol):
+    """Where expert bytes come from. `fetch` returns (gate, up, down) byte views per expert,
+    valid until `release`; `begin_layer` is the prefetch hook."""
+
+    def begin_layer(self, il: int, x: np.ndarray) -> None: ...
+    def fetch(self, il: int, experts: list[int]) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]: ...
+    def release(self, il: int) -> None: ...
+    def end_batch(self, n_tokens: int) -> None: ...
+
+
+@dataclass
+class MoETrace:
+    """One layer's MoE for one micro-batch: input rows, routing and output rows."""
+    layer: int
+    h: np.ndarray
+    selected: np.ndarray   # (n, k) int32, selection order
+    weights: np.ndarray    # (n, k) float32, renormalized
+    out: np.ndarray
+
+
+class Activation:
+    """Rows of x quantized once for every weight type that multiplies them."""
+
+    def __init__(self, x: np.ndarray):
+        self.x = np.ascontiguousarray(x, dtype=np.float32)
+        self._q8k = self._q80 = None
+
+    def q8k(self):
+        if self._q8k is None:
+            self._q8k = K.quantize_q8_K(self.x)
+        return self._q8k
+
+    def q80(self):
+        if self._q80 is None:
+            self._q80 = K.quantize_q8_0(self.x)
+        return self._q80
+
+    def rows(self, idx: np.ndarray) -> "Activation":
+        sub = Activation(self.x[idx])
+        if self._q8k is not None:
+            sub._q8k = tuple(np.ascontiguousarray(a[idx]) for a in self._q8k)
+        return sub
+
+
+_Q8K_KERNELS = {K.Q4_K: K.matmul_q4_K, K.Q5_K: K.matmul_q5_K, K.Q6_K: K.matmul_q6_K}
+
+
+def matmul(w: np.ndarray, qtype: int, a: Activation) -> np.ndarray:
+    if qtype in _Q8K_KERNELS:
+        return _Q8K_KERNELS[qtype](w, *a.q8k())
+    if qtype == K.Q8_0:
+        return K.matmul_q8_0(w, *a.q80())
+    if qtype == K.F32:
+        return K.matmul_f32(w, a.x)
+    raise ValueError(f"unsupported weight type {qtype}")
+
+
+class Model:
+    def __init__(self, gm: GGUFModel, experts: ExpertStore, n_ctx: int):
+        self.gm, self.hp, self.experts = gm, gm.hp, experts
+        hp = self.hp
+        self.n_ctx = n_ctx
+        # KV cache in F16 (bit patterns), as llama.cpp's default cache type.
+        shape = (hp.n_layer, n_ctx, hp.n_head_kv, hp.head_dim)
+        self.k_cache = np.zeros(shape, dtype=np.uint16)
+        self.v_cache = np.zeros(shape, dtype=np.uint16)
+        self.n_past = 0
+        self.on_moe: Callable[[MoETrace], None] | None = None
+        self._w = {name: (t.data, int(t.qtype)) for name, t in gm.tensors.items() if "_exps." not in name}
+        self._exp_types = [tuple(int(gm.expert_part(il, p).qtype) for p in ("gate", "up", "down"))
+                           for il in range(hp.n_layer)]
+
+    def kv_cache_bytes(self) -> int:
+        return self.k_cache.nbytes + self.v_cache.nbytes
+
+    def reset(self) -> None:
+        self.n_past = 0
+
+    def _mm(self, name: str, x) -> np.ndarray:
+        w, qtype = self._w[name]
+        return matmul(w, qtype, x if isinstance(x, Activation) else Activation(x))
+
+    def _vec(self, name: str) -> np.ndarray:
+        return self._w[name][0]
+
+    def forward(self, tokens: np.ndarray) -> np.ndarray:
+        """Evaluate a micro-batch of tokens at positions n_past..; returns logits (n, n_vocab)."""
+        hp = self.hp
+        tokens = np.asarray(tokens, dtype=np.int64)
+        n, D, p0 = len(tokens), hp.head_dim, self.n_past
+        if p0 + n > self.n_ctx:
+            raise ValueError(f"context full: {p0 + n} tokens > n_ctx {self.n_ctx}")
+        cos, sin = ops.rope_cache(np.arange(p0, p0 + n), D, hp.rope_base)
+        scale = np.float32(1.0 / np.sqrt(D))
+        emb, emb_type = self._w["token_embd.weight"]
+        x = K.dequantize_rows(np.ascontiguousarray(emb[tokens]), emb_type)
+
+        for il in range(hp.n_layer):
+            b = f"blk.{il}."
+            self.experts.begin_layer(il, x)
+
+            # attention
+            h = Activation(ops.rms_norm(x, self._vec(b + "attn_norm.weight"), hp.rms_eps))
+            q = self._mm(b + "attn_q.weight", h).reshape(n, hp.n_head, D)
+            k = self._mm(b + "attn_k.weight", h).reshape(n, hp.n_head_kv, D)
+            v = self._mm(b + "attn_v.weight", h).reshape(n, hp.n_head_kv, D)
+            q = ops.rms_norm_heads(q, self._vec(b + "attn_q_norm.weight"), hp.rms_eps)
+            k = ops.rms_norm_heads(k, self._vec(b + "attn_k_norm.weight"), hp.rms_eps)
+            q, k = ops.rope_neox(q, cos, sin), ops.rope_neox(k, cos, sin)
+            self.k_cache[il, p0:p0 + n] = ops.to_f16_bits(k)
+            self.v_cache[il, p0:p0 + n] = ops.to_f16_bits(v)
+            q16 = q.astype(np.float16).astype(np.float32)
+            p = ops.attention_probs(q16, self.k_cache[il], p0, ops.F16_TO_F32, scale)
+            p16 = p.astype(np.float16).astype(np.float32)
+            attn = ops.attention_values(p16, self.v_cache[il, :p0 + n], ops.F16_TO_F32)
+            x = x + self._mm(b + "attn_output.weight", attn)
+
+            # routed experts
+            h = ops.rms_norm(x, self._vec(b + "ffn_norm.weight"), hp.rms_eps)
+            x = x + self.moe(il, h)
+
+        self.experts.end_batch(n)
+        self.n_past += n
+        h = ops.rms_norm(x, self._vec("output_norm.weight"), hp.rms_eps)
+        head = "output.weight" if "output.weight" in self._w else "token_embd.weight"
+        return self._mm(head, h)
+
+    def route(self, il: int, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Router softmax over all experts, top-k (ties: lower id), renormalized weights."""
+        probs = ops.softmax(self._mm(f"blk.{il}.ffn_gate_inp.weight", h))
+        selected = np.argsort(-probs, axis=-1, kind="stable")[:, :self.hp.n_expert_used].astype(np.int32)
+        w = np.take_along_axis(probs, selected, axis=-1)
+        return selected, (w / w.sum(axis=-1, keepdims=True, dtype=np.float32)).astype(np.float32)
+
+    def moe(self, il: int, h: np.ndarray) -> np.ndarray:
+        selected, weights = self.route(il, h)
+        experts = list(dict.fromkeys(selected.ravel().tolist()))  # first-use order
+        views = self.experts.fetch(il, experts)
+        a = Activation(h)
+        t_gate, t_up, t_down = self._exp_types[il]
+        y = np.zeros((*selected.shape, h.shape[1]), dtype=np.float32)
+        for e in experts:
+            rows, slots = np.nonzero(selected == e)
+            gate_w, up_w, down_w = views[e]
+            ae = a.rows(rows)
+            act = ops.swiglu(matmul(gate_w, t_gate, ae), matmul(up_w, t_up, ae))
+            y[rows, slots] = matmul(down_w, t_down, Activation(act))
+        self.experts.release(il)
+        # weight each expert's output, then add them in selection order (as ggml does)
+        y *= weights[:, :, None]
+        out = y[:, 0].copy()
+        for j in range(1, y.shape[1]):
+            out += y[:, j]
+        if self.on_moe is not None:
+            self.on_moe(MoETrace(il, h, selected, weights, out))
+        return out
+
+
+class ResidentExperts:
+    """Experts read in place from the memory-mapped file (`--no-pager`)."""
+
+    def __init__(self, gm: GGUFModel):
+        self.parts = [[gm.layer(il, f"ffn_{p}_exps").data for p in ("gate", "up", "down")]
+                      for il in range(gm.hp.n_layer)]
+
+    def begin_layer(self, il: int, x: np.ndarray) -> None:
+        pass
+
+    def fetch(self, il: int, experts: list[int]):
+        g, u, d = self.parts[il]
+        return {e: (g[e], u[e], d[e]) for e in experts}
+
+    def release(self, il: int) -> None:
+        pass
+
+    def end_batch(self, n_tokens: int) -> None:
+        pass

@@ -1,0 +1,141 @@
+"""Non-matmul ops of the forward pass: RMSNorm, NEOX RoPE, attention over the F16 KV cache,
+softmax and SwiGLU. Numba kernels parallel over independent outputs only, so the thread
+count cannot change a bit; float32 arithmetic written out as ggml's CPU backend does it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+F16_TO_F32 = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
+
+
+def to_f16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 -> IEEE half bit patterns (round to nearest even), as ggml stores F16."""
+    return np.asarray(x, dtype=np.float32).astype(np.float16).view(np.uint16)
+
+
+@njit(cache=True, parallel=True)
+def rms_norm(x, w, eps):
+    """y = x / sqrt(mean(x^2) + eps) * w per row; the sum of squares in double (ggml)."""
+    n, k = x.shape
+    y = np.empty_like(x)
+    for i in prange(n):
+        s = 0.0
+        for j in range(k):
+            s += np.float64(x[i, j]) * np.float64(x[i, j])
+        mean = np.float32(s / k)
+        scale = np.float32(1.0) / np.float32(np.sqrt(mean + np.float32(eps)))
+        for j in range(k):
+            y[i, j] = np.float32(x[i, j] * scale) * w[j]
+    return y
+
+
+@njit(cache=True, parallel=True)
+def rms_norm_heads(x, w, eps):
+    """rms_norm over the last axis of (n, heads, D)."""
+    n, H, D = x.shape
+    y = np.empty_like(x)
+    for t in prange(n * H):
+        i, h = t // H, t % H
+        s = 0.0
+        for j in range(D):
+            s += np.float64(x[i, h, j]) * np.float64(x[i, h, j])
+        mean = np.float32(s / D)
+        scale = np.float32(1.0) / np.float32(np.sqrt(mean + np.float32(eps)))
+        for j in range(D):
+            y[i, h, j] = np.float32(x[i, h, j] * scale) * w[j]
+    return y
+
+
+def rope_cache(positions: np.ndarray, head_dim: int, base: float) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin (n, D/2); theta_i = pos * base^(-2i/D) by repeated float32 products, as ggml."""
+    scale = np.float32(base) ** np.float32(-2.0 / head_dim)
+    theta = np.empty((len(positions), head_dim // 2), dtype=np.float32)
+    theta[:, 0] = positions.astype(np.float32)
+    for i in range(1, head_dim // 2):
+        theta[:, i] = theta[:, i - 1] * scale
+    return np.cos(theta), np.sin(theta)
+
+
+@njit(cache=True)
+def rope_neox(x, cos, sin):
+    """Rotate pairs (i, i + D/2) of x (n, heads, D) in place."""
+    n, H, D = x.shape
+    half = D // 2
+    for t in range(n):
+        for h in range(H):
+            for i in range(half):
+                x0 = x[t, h, i]
+                x1 = x[t, h, i + half]
+                x[t, h, i] = x0 * cos[t, i] - x1 * sin[t, i]
+                x[t, h, i + half] = x0 * sin[t, i] + x1 * cos[t, i]
+    return x
+
+
+@njit(cache=True, parallel=True)
+def attention_probs(q16, k_cache, pos0, lut, scale):
+    """Softmax(q.k^T * scale + causal mask) for query rows at positions pos0.. over the cache.
+
+    q16 (n, H, D) float32 holding f16 values; k_cache (ctx, Hkv, D) uint16 f16 bits.
+    Dots accumulate in double (ggml_vec_dot_f16 generic), softmax as ggml_soft_max.
+    Returns (n, H, n_kv) float32 with zeros where masked.
+    """
+    n, H, D = q16.shape
+    Hkv = k_cache.shape[1]
+    group = H // Hkv
+    n_kv = pos0 + n
+    p = np.zeros((n, H, n_kv), dtype=np.float32)
+    for t in prange(n * H):
+        i, h = t // H, t % H
+        kv = h // group
+        last = pos0 + i  # causal: keys 0..last
+        mx = np.float32(-np.inf)
+        for j in range(last + 1):
+            s = 0.0
+            for d in range(D):
+                s += np.float64(q16[i, h, d]) * np.float64(lut[k_cache[j, kv, d]])
+            v = np.float32(np.float32(s) * scale)
+            p[i, h, j] = v
+            if v > mx:
+                mx = v
+        tot = 0.0
+        for j in range(last + 1):
+            e = np.float32(np.exp(p[i, h, j] - mx))
+            p[i, h, j] = e
+            tot += np.float64(e)
+        inv = np.float32(1.0 / tot)
+        for j in range(last + 1):
+            p[i, h, j] = p[i, h, j] * inv
+    return p
+
+
+@njit(cache=True, parallel=True)
+def attention_values(p16, v_cache, lut):
+    """out (n, H*D) = p16 @ V per head; p16 holds f16-rounded probabilities, V is f16 bits."""
+    n, H, n_kv = p16.shape
+    Hkv, D = v_cache.shape[1], v_cache.shape[2]
+    group = H // Hkv
+    out = np.empty((n, H * D), dtype=np.float32)
+    for t in prange(n * H):
+        i, h = t // H, t % H
+        kv = h // group
+        for d in range(D):
+            s = 0.0
+            for j in range(n_kv):
+                s += np.float64(p16[i, h, j]) * np.float64(lut[v_cache[j, kv, d]])
+            out[i, h * D + d] = np.float32(s)
+    return out
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    """ggml_soft_max over the last axis: exp(x - max) in float32, sum in double, scale by 1/sum."""
+    e = np.exp(x - x.max(axis=-1, keepdims=True)).astype(np.float32)
+    inv = (1.0 / e.sum(axis=-1, keepdims=True, dtype=np.float64)).astype(np.float32)
+    return (e * inv).astype(np.float32)
+
+
+def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """silu(gate) * up in float32."""
+    return (gate / (np.float32(1) + np.exp(-gate)) * up).astype(np.float32)

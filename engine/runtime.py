@@ -1,0 +1,176 @@
+"""The engine's Python API: load a model, evaluate tokens, generate, collect stats.
+
+The CLI (engine/cli.py) is a thin shell over this; epmci and the tests drive it in-process
+too. Phases (prefill, decode) are timed and counted separately.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import kernels
+from .gguf_model import GGUFModel
+from .model import Model, MoETrace, ResidentExperts
+from .tokenizer import Tokenizer
+
+CHAT_TEMPLATE = "<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
+
+
+def peak_rss_mb() -> float:
+    """VmHWM of this process in MiB (0 where /proc is not available)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return 0.0
+
+
+def vm_swap_mb() -> float:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmSwap:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return 0.0
+
+
+@dataclass
+class Options:
+    n_ctx: int = 512
+    threads: int = 1
+    batch: int = 32
+    pager: bool = True
+    pager_config: object | None = None  # engine.pager.PagerConfig; None = defaults from env
+
+
+@dataclass
+class PhaseStats:
+    phase: str
+    tokens: int = 0
+    seconds: float = 0.0
+    counters: dict = field(default_factory=dict)
+
+    def record(self) -> dict:
+        rec = {"phase": self.phase, "tokens": self.tokens, "seconds": round(self.seconds, 6),
+               "tok_s": round(self.tokens / self.seconds, 4) if self.seconds > 0 else 0.0}
+        rec.update(self.counters)
+        rec["peak_rss_mb"] = round(peak_rss_mb(), 1)
+        rec["vm_swap_mb"] = round(vm_swap_mb(), 1)
+        return rec
+
+
+class Engine:
+    def __init__(self, model_path: str, options: Options | None = None):
+        self.options = options or Options()
+        kernels.set_threads(self.options.threads)
+        self.gm = GGUFModel(model_path)
+        self.tokenizer = Tokenizer.from_gguf(self.gm.reader)
+        if self.options.pager:
+            from .pager import Pager, PagerConfig
+            cfg = self.options.pager_config or PagerConfig.from_env()
+            self.experts = Pager(self.gm, cfg, batch=self.options.batch,
+                                 n_ctx=self.options.n_ctx)
+        else:
+            self.experts = ResidentExperts(self.gm)
+        self.model = Model(self.gm, self.experts, self.options.n_ctx)
+        if self.options.pager:
+            self.experts.check_budget(self.model.kv_cache_bytes())
+        self.phases: list[PhaseStats] = []
+
+    # ------------------------------------------------------------ evaluation
+
+    def close(self) -> None:
+        close = getattr(self.experts, "close", None)
+        if close:
+            close()
+
+    def eval(self, tokens, phase: str = "prefill") -> np.ndarray:
+        """Evaluate tokens in micro-batches of `batch`; returns logits for every position."""
+        tokens = np.asarray(tokens, dtype=np.int64)
+        stats = self._phase(phase)
+        before = self._counters()
+        t0 = time.perf_counter()
+        out = []
+        b = max(1, self.options.batch)
+        for i in range(0, len(tokens), b):
+            out.append(self.model.forward(tokens[i:i + b]))
+        stats.seconds += time.perf_counter() - t0
+        stats.tokens += len(tokens)
+        self._accumulate(stats, before)
+        return np.concatenate(out) if out else np.zeros((0, self.gm.hp.n_vocab), np.float32)
+
+    def _phase(self, name: str) -> PhaseStats:
+        for p in self.phases:
+            if p.phase == name:
+                return p
+        p = PhaseStats(name)
+        self.phases.append(p)
+        return p
+
+    def _counters(self) -> dict:
+        counters = getattr(self.experts, "counters", None)
+        return counters() if counters else {}
+
+    def _accumulate(self, stats: PhaseStats, before: dict) -> None:
+        after = self._counters()
+        if not after:
+            return
+        from .pager import phase_counters
+        stats.counters = phase_counters(stats.counters, before, after, stats.tokens)
+
+    def on_moe(self, fn) -> None:
+        """Call fn(MoETrace) after every layer's MoE (per micro-batch)."""
+        self.model.on_moe = fn
+
+    # ------------------------------------------------------------ generation
+
+    def encode_prompt(self, prompt: str, chat: bool) -> list[int]:
+        text = CHAT_TEMPLATE.format(prompt=prompt) if chat else prompt
+        return self.tokenizer.encode(text, parse_special=True)
+
+    def generate(self, prompt_tokens: list[int], n_predict: int, temp: float = 0.0, seed: int = 0,
+                 on_token=None) -> tuple[list[int], np.ndarray]:
+        """Prefill, then decode up to n_predict tokens (stopping at EOS).
+
+        Returns the generated ids and the logits of every evaluated position: the prompt's
+        positions, then each generated token that was fed back (see docs/engine-contract.md).
+        """
+        if not prompt_tokens:
+            raise ValueError("empty prompt")
+        if len(prompt_tokens) + n_predict > self.options.n_ctx:
+            raise ValueError(f"prompt ({len(prompt_tokens)}) + n_predict ({n_predict}) exceeds context {self.options.n_ctx}")
+        rng = np.random.default_rng(seed)
+        rows = [self.eval(prompt_tokens, "prefill")]
+        generated: list[int] = []
+        last = rows[0][-1]
+        for i in range(n_predict):
+            tok = sample(last, temp, rng)
+            generated.append(tok)
+            if on_token:
+                on_token(tok)
+            if self.tokenizer.is_eog(tok) or i == n_predict - 1:
+                break
+            last = self.eval([tok], "decode")[-1]
+            rows.append(last[None, :])
+        return generated, np.concatenate(rows)
+
+    def stats_records(self) -> list[dict]:
+        return [p.record() for p in self.phases]
+
+
+def sample(logits: np.ndarray, temp: float, rng: np.random.Generator) -> int:
+    """Greedy at temp <= 0 (first maximum), else softmax(logits / temp) sampled with rng."""
+    if temp <= 0:
+        return int(np.argmax(logits))
+    z = logits.astype(np.float64) / temp
+    p = np.exp(z - z.max())
+    p /= p.sum()
+    return int(rng.choice(len(p), p=p))

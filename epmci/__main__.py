@@ -1,0 +1,1 @@
+from .cli import main; import sys; sys.exit(main())

@@ -1,0 +1,46 @@
+"""The per-user model cache: made models are keyed by preset, seed and generator version."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+from ..errors import InputError
+from .presets import GENERATOR_VERSION, PRESETS
+from .synth import write_model
+
+DEFAULT_SEED = 0
+
+
+def cache_dir() -> Path:
+    """$EPMCI_CACHE_DIR, else $XDG_CACHE_HOME/epmci, else ~/.cache/epmci."""
+    if os.environ.get("EPMCI_CACHE_DIR"):
+        return Path(os.environ["EPMCI_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "epmci"
+
+
+def cached_model_path(preset: str, seed: int = DEFAULT_SEED) -> Path:
+    return cache_dir() / "models" / f"{preset}-seed{seed}-gen{GENERATOR_VERSION}.gguf"
+
+
+def make_model(preset: str, seed: int = DEFAULT_SEED, out: str | os.PathLike | None = None) -> Path:
+    """Return the model for (preset, seed), making it if needed.
+
+    With `out`, the model is written there; otherwise into the cache, where it is reused.
+    Concurrent callers (parallel test workers) wait on a lock instead of racing.
+    """
+    if preset not in PRESETS:
+        raise InputError(preset, f"unknown preset (choose from {', '.join(PRESETS)})")
+    if seed < 0:
+        raise InputError(seed, "seed must be >= 0")
+    path = Path(out) if out is not None else cached_model_path(preset, seed)
+    if out is not None:
+        return write_model(PRESETS[preset], seed, path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not path.exists():
+            write_model(PRESETS[preset], seed, path)
+    return path

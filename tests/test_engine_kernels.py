@@ -1,0 +1,364 @@
+"""Tests of engine/kernels.py: ggml-exact quantization, dot products and dequantization.
+
+Independent checks used here:
+* gguf-py (gguf.quants) for dequantization and Q8_0 quantization (bit for bit);
+* a NumPy emulation of ggml's *generic C* vec_dot float order (written from
+  ggml/src/ggml-cpu/quants.c, vectorized over rows) for bit-exact dot products;
+* float64 sums of dequantized weights x dequantized activations for accuracy;
+* epmci.reference.quants.matmul (bit for bit) when that module exists.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+
+from gguf import GGMLQuantizationType as T
+from gguf import quants as gq
+
+from engine import kernels as K
+
+QTYPES = [T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K]
+ALL_MM = [T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, T.F32, T.F16]
+BPB = {T.Q8_0: (32, 34), T.Q4_K: (256, 144), T.Q5_K: (256, 176), T.Q6_K: (256, 210)}
+
+
+# ----------------------------------------------------------------- random weights
+
+def _rand_f16(rng, shape, lo=None, hi=None, finite_any=False):
+    """Random f16 bit patterns: any finite value, or uniform in [lo, hi)."""
+    if finite_any:
+        u = rng.integers(0, 1 << 16, size=shape, dtype=np.uint32).astype(np.uint16)
+        exp = (u >> 10) & 0x1F
+        u = np.where(exp == 31, u & 0x83FF, u).astype(np.uint16)  # inf/nan -> subnormal/zero
+        return u.view(np.float16)
+    return rng.uniform(lo, hi, size=shape).astype(np.float16)
+
+
+def rand_weights(rng, qtype, rows, k, finite_any=False):
+    """Random valid rows of qtype. finite_any: f16 fields take any finite value (incl.
+    negative, subnormal, huge); otherwise scales are realistic positive values."""
+    if qtype == T.F32:
+        return rng.standard_normal((rows, k)).astype(np.float32)
+    if qtype == T.F16:
+        return (rng.standard_normal((rows, k)) * 0.1).astype(np.float16)
+    bs, ts = BPB[qtype]
+    nb = k // bs
+    w = rng.integers(0, 256, size=(rows, nb, ts), dtype=np.uint16).astype(np.uint8)
+
+    def put(off, vals):
+        w[:, :, off:off + 2] = vals.reshape(rows, nb, 1).view(np.uint8).reshape(rows, nb, 2)
+
+    f = lambda lo, hi: _rand_f16(rng, (rows, nb), lo, hi, finite_any)
+    if qtype == T.Q8_0:
+        put(0, f(-0.02, 0.02))
+    elif qtype in (T.Q4_K, T.Q5_K):
+        put(0, f(1e-4, 2e-3))
+        put(2, f(1e-4, 2e-3))
+    else:  # Q6_K: d @208
+        put(208, f(1e-4, 2e-3))
+    return w.reshape(rows, nb * ts)
+
+
+# ----------------------------------------------------------------- NumPy emulation of the C
+
+def _f16le(b):
+    return np.ascontiguousarray(b).view(np.float16).astype(np.float32)[..., 0]
+
+
+def _unpack_k(w, qtype, k):
+    """-> (ws int64[rows, nb, 256] = scale*q, xd f32[rows, nb], xm f32[rows, nb] | None,
+    mins int64[rows, nb, 8] | None, absw f64 [rows, k] = |d*sc*q| + |dmin*m|)."""
+    rows = w.shape[0]
+    bs, ts = BPB[qtype]
+    nb = k // bs
+    b = w.reshape(rows, nb, ts)
+    if qtype in (T.Q4_K, T.Q5_K):
+        xd, xm = _f16le(b[:, :, 0:2]), _f16le(b[:, :, 2:4])
+        sc, mn = gq.Q4_K.get_scale_min(b[:, :, 4:16].reshape(-1, 12))
+        sc = sc.reshape(rows, nb, 8).astype(np.int64)
+        mn = mn.reshape(rows, nb, 8).astype(np.int64)
+        qs = b[:, :, 16:144] if qtype == T.Q4_K else b[:, :, 48:176]
+        q = np.empty((rows, nb, 256), np.int64)
+        for c in range(4):
+            chunk = qs[:, :, 32 * c:32 * c + 32].astype(np.int64)
+            q[:, :, 64 * c:64 * c + 32] = chunk & 0xF
+            q[:, :, 64 * c + 32:64 * c + 64] = chunk >> 4
+            if qtype == T.Q5_K:
+                qh = b[:, :, 16:48].astype(np.int64)
+                q[:, :, 64 * c:64 * c + 32] += ((qh >> (2 * c)) & 1) << 4
+                q[:, :, 64 * c + 32:64 * c + 64] += ((qh >> (2 * c + 1)) & 1) << 4
+        scx = np.repeat(sc, 32, axis=2)
+        ws = scx * q
+        absw = (np.abs(xd[..., None].astype(np.float64) * scx * q)
+                + np.abs(xm[..., None].astype(np.float64) * np.repeat(mn, 32, axis=2)))
+        return ws, xd, xm, mn, absw.reshape(rows, k)
+    if qtype == T.Q6_K:
+        xd = _f16le(b[:, :, 208:210])
+        sc = b[:, :, 192:208].view(np.int8).astype(np.int64)
+        q = np.empty((rows, nb, 256), np.int64)
+        for half in range(2):
+            ql = b[:, :, 64 * half:64 * half + 64].astype(np.int64)
+            qh = b[:, :, 128 + 32 * half:160 + 32 * half].astype(np.int64)
+            o = 128 * half
+            q[:, :, o:o + 32] = ((ql[..., :32] & 0xF) | (((qh >> 0) & 3) << 4)) - 32
+            q[:, :, o + 32:o + 64] = ((ql[..., 32:] & 0xF) | (((qh >> 2) & 3) << 4)) - 32
+            q[:, :, o + 64:o + 96] = ((ql[..., :32] >> 4) | (((qh >> 4) & 3) << 4)) - 32
+            q[:, :, o + 96:o + 128] = ((ql[..., 32:] >> 4) | (((qh >> 6) & 3) << 4)) - 32
+        scx = np.repeat(sc, 16, axis=2)
+        ws = scx * q
+        absw = np.abs(xd[..., None].astype(np.float64) * ws)
+        return ws, xd, None, None, absw.reshape(rows, k)
+    raise AssertionError(qtype)
+
+
+def emulate_c_matmul(w, qtype, x):
+    """float32 result of the generic C vec_dot for every (activation row, weight row)."""
+    x = np.asarray(x, np.float32)
+    n, k = x.shape
+    rows = w.shape[0]
+    if qtype == T.F32 or qtype == T.F16:
+        wf = w.astype(np.float32)
+        xf = x.astype(np.float16).astype(np.float32) if qtype == T.F16 else x
+        s = np.zeros((n, rows), np.float32)
+        for i in range(k):
+            s = s + xf[:, i:i + 1] * wf[None, :, i]
+        return s
+    if qtype == T.Q8_0:
+        yd, yq = K.quantize_q8_0(x)
+        nb = k // 32
+        b = w.reshape(rows, nb, 34)
+        xd = _f16le(b[:, :, 0:2])
+        wq = b[:, :, 2:].view(np.int8).astype(np.int64)
+        sumi = np.einsum("rbl,nbl->nrb", wq, yq.reshape(n, nb, 32).astype(np.int64))
+        s = np.zeros((n, rows), np.float32)
+        for i in range(nb):
+            s = s + sumi[:, :, i].astype(np.float32) * (xd[None, :, i] * yd[:, i:i + 1])
+        return s
+    yd, yq, ybs = K.quantize_q8_K(x)
+    nb = k // 256
+    ws, xd, xm, mn, _ = _unpack_k(w, qtype, k)
+    sums = np.zeros((n, rows, 8), np.float32)
+    sumf = np.zeros((n, rows), np.float32)
+    for i in range(nb):
+        aux = np.einsum("rgl,ngl->nrl", ws[:, i].reshape(rows, 32, 8),
+                        yq[:, 256 * i:256 * i + 256].reshape(n, 32, 8).astype(np.int64))
+        assert np.abs(aux).max() < 2 ** 24  # int32 -> float exact, as in C
+        d = xd[None, :, i] * yd[:, i:i + 1]
+        sums = sums + d[..., None] * aux.astype(np.float32)
+        if mn is not None:
+            sumi = np.einsum("rm,nm->nr", np.repeat(mn[:, i], 2, axis=1),
+                             ybs[:, 16 * i:16 * i + 16].astype(np.int64))
+            dmin = xm[None, :, i] * yd[:, i:i + 1]
+            sumf = sumf - dmin * sumi.astype(np.float32)
+    for l in range(8):
+        sumf = sumf + sums[..., l]
+    return sumf
+
+
+def _bits(a):
+    return np.ascontiguousarray(a).view(np.uint8)
+
+
+# ----------------------------------------------------------------- dequantization
+
+@pytest.mark.parametrize("qtype", QTYPES)
+@pytest.mark.parametrize("finite_any", [False, True])
+def test_dequantize_rows_matches_gguf(qtype, finite_any):
+    rng = np.random.default_rng(100 + int(qtype) + 7 * finite_any)
+    w = rand_weights(rng, qtype, 37, 512, finite_any=finite_any)
+    got = K.dequantize_rows(w, qtype)
+    exp = gq.dequantize(w, qtype)
+    assert got.dtype == np.float32 and got.shape == (37, 512)
+    assert np.array_equal(_bits(got), _bits(exp))
+
+
+# ----------------------------------------------------------------- Q8_K
+
+def _q8K_numpy(x):
+    """Independent NumPy transcription of quantize_row_q8_K_ref."""
+    n, k = x.shape
+    xb = x.reshape(n, k // 256, 256)
+    idx = np.argmax(np.abs(xb), axis=-1)  # first index of the largest |x| (C: strict >)
+    mx = np.take_along_axis(xb, idx[..., None], axis=-1)[..., 0]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        iscale = np.float32(-127.0) / mx
+        q = np.nan_to_num(np.minimum(127, np.rint(iscale[..., None] * xb))).astype(np.int8)
+    zero = mx == 0
+    q[zero] = 0
+    d = np.where(zero, np.float32(0), np.float32(1.0) / iscale).astype(np.float32)
+    bs = q.reshape(n, k // 16, 16).astype(np.int32).sum(-1).astype(np.int16)
+    return d, q.reshape(n, k), bs
+
+
+def test_quantize_q8_K_exact_and_half_step():
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal((9, 1024)) * rng.uniform(0.01, 100, (9, 1))).astype(np.float32)
+    x[3, 256:512] = 0.0                      # zero block
+    x[4, :256] = rng.uniform(-1, 1, 256)
+    x[4, 17] = -5.0                          # negative max
+    x[5, :256] = 0.25                        # ties for rint: iscale*x = -127 exactly etc.
+    x[5, 7] = -0.25                          # |x| tie: first (positive) one wins
+    x[6, :256] = np.arange(256, dtype=np.float32) - 127.0  # exact .0 values, amax=128
+    d, qs, bs = K.quantize_q8_K(x)
+    assert d.dtype == np.float32 and qs.dtype == np.int8 and bs.dtype == np.int16
+    assert d.shape == (9, 4) and qs.shape == (9, 1024) and bs.shape == (9, 64)
+    dn, qn, bn = _q8K_numpy(x)
+    assert np.array_equal(_bits(d), _bits(dn))
+    assert np.array_equal(qs, qn)
+    assert np.array_equal(bs, bn)
+    # zero block
+    assert d[3, 1] == 0 and not qs[3, 256:512].any() and not bs[3, 16:32].any()
+    # negative max -> positive d, that element is -127
+    assert d[4, 0] > 0 and qs[4, 17] == -127
+    # tie in |x|: first is +0.25 -> d < 0
+    assert d[5, 0] < 0 and qs[5, 0] == -127 and qs[5, 7] == 127
+    # bsums are sums of 16 quants
+    assert np.array_equal(bs, qs.reshape(9, 64, 16).astype(np.int32).sum(-1))
+    # reconstruction error <= half a step (plus float32 rounding of d and iscale*x)
+    rec = np.repeat(d.astype(np.float64), 256, axis=1) * qs
+    step = np.repeat(np.abs(d.astype(np.float64)), 256, axis=1)
+    assert np.all(np.abs(rec - x) <= 0.5 * step * (1 + 1e-5) + 1e-30)
+
+
+def test_quantize_q8_0_matches_gguf():
+    rng = np.random.default_rng(2)
+    x = (rng.standard_normal((7, 512)) * rng.uniform(1e-3, 50, (7, 1))).astype(np.float32)
+    x[1, 32:64] = 0.0
+    # exact halves after scaling: amax = 127 -> d = 1, id = 1 (roundf: away from zero)
+    x[2, :32] = np.array([127, 0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 3.5] * 4, np.float32)
+    d, qs = K.quantize_q8_0(x)
+    assert d.dtype == np.float32 and qs.dtype == np.int8 and d.shape == (7, 16)
+    nb = 512 // 32
+    mine = np.concatenate([d.astype(np.float16).reshape(7, nb, 1).view(np.uint8),
+                           qs.reshape(7, nb, 32).view(np.uint8)], axis=2).reshape(7, nb * 34)
+    ref = gq.quantize(x, T.Q8_0)
+    assert np.array_equal(mine, ref)
+    assert list(qs[2, :8]) == [127, 1, 2, 3, -1, -2, -3, 4]
+    # d is exactly representable in f16
+    assert np.array_equal(d, d.astype(np.float16).astype(np.float32))
+
+
+# ----------------------------------------------------------------- matmul
+
+def _activations(rng, n, k):
+    x = rng.standard_normal((n, k)).astype(np.float32)
+    x *= rng.uniform(0.1, 10, (n, 1)).astype(np.float32)
+    x[n // 2, : min(k, 256)] = 0.0  # a zero activation block
+    return x
+
+
+@pytest.mark.parametrize("qtype", ALL_MM)
+@pytest.mark.parametrize("n", [1, 5])
+def test_matmul_bit_exact_vs_c_order_emulation(qtype, n):
+    rng = np.random.default_rng(10 * int(qtype) + n)
+    k = 768
+    w = rand_weights(rng, qtype, 45, k)
+    x = _activations(rng, n, k)
+    got = K.matmul(w, qtype, x)
+    assert got.dtype == np.float32 and got.shape == (n, 45)
+    exp = emulate_c_matmul(w, qtype, x)
+    assert np.array_equal(_bits(got), _bits(exp))
+
+
+def _deq_activation(qtype, x):
+    if qtype in (T.Q4_K, T.Q5_K, T.Q6_K):
+        d, qs, _ = K.quantize_q8_K(x)
+        return np.repeat(d.astype(np.float64), 256, axis=1) * qs
+    if qtype == T.Q8_0:
+        d, qs = K.quantize_q8_0(x)
+        return np.repeat(d.astype(np.float64), 32, axis=1) * qs
+    if qtype == T.F16:
+        return x.astype(np.float16).astype(np.float64)
+    return x.astype(np.float64)
+
+
+@pytest.mark.parametrize("qtype", ALL_MM)
+def test_matmul_accuracy_vs_float64(qtype):
+    rng = np.random.default_rng(20 + int(qtype))
+    k, rows, n = 512, 64, 4
+    w = rand_weights(rng, qtype, rows, k)
+    x = _activations(rng, n, k)
+    got = K.matmul(w, qtype, x).astype(np.float64)
+    wd = K.dequantize_rows(w, qtype).astype(np.float64) if qtype not in (T.F32, T.F16) \
+        else w.astype(np.float64)
+    xd = _deq_activation(qtype, x)
+    exp = xd @ wd.T
+    # Error model: all integer sums are exact; the float32 part is a handful of roundings
+    # per output (per super-block: d = dx*dy, d*aux, += ; the min term; 8 final lane adds;
+    # for F32/F16 one product + one add per element, <= k adds).  Every rounded quantity is
+    # bounded by S = sum_i |w_i|*|x_i| (|w| split as |d*sc*q| + |dmin*m| for the K-quants,
+    # since the min term is accumulated separately), so |err| <= c * eps32 * S with c of
+    # order (#ops in the longest chain).  eps32 = 6e-8; c = 1e-5/6e-8 ~ 170 covers both the
+    # K-quant chains (nb + 10 <= 12 here) and the F32 chain (k = 512 terms, typical
+    # error ~ sqrt(k) eps S), while a wrong scale/offset/bit would give errors ~ S.
+    if qtype in (T.Q4_K, T.Q5_K, T.Q6_K):
+        absw = _unpack_k(w, qtype, k)[4]
+    else:
+        absw = np.abs(wd)
+    S = np.abs(xd) @ absw.T
+    tol = (1e-5 if qtype not in (T.F32, T.F16) else 3e-5) * S + 1e-30
+    err = np.abs(got - exp)
+    assert np.all(err <= tol), float((err / tol).max())
+    # and the result is not trivially zero
+    assert np.abs(got).max() > 0
+
+
+@pytest.mark.parametrize("qtype", ALL_MM)
+def test_thread_count_determinism(qtype):
+    rng = np.random.default_rng(30 + int(qtype))
+    k, rows, n = 512, 100, 7  # rows not a multiple of the chunk size
+    w = rand_weights(rng, qtype, rows, k)
+    x = _activations(rng, n, k)
+    old = K.get_threads()
+    try:
+        K.set_threads(1)
+        a = K.matmul(w, qtype, x)
+        K.set_threads(min(2, K.numba.config.NUMBA_NUM_THREADS))
+        b = K.matmul(w, qtype, x)
+    finally:
+        K.set_threads(old)
+    assert np.array_equal(_bits(a), _bits(b))
+    # row independence: one activation row alone gives the same bits as inside a batch
+    c = K.matmul(w, qtype, x[3:4])
+    assert np.array_equal(_bits(c[0]), _bits(a[3]))
+
+
+def test_direct_kernel_api_and_errors():
+    rng = np.random.default_rng(40)
+    w = rand_weights(rng, T.Q4_K, 16, 512)
+    x = _activations(rng, 3, 512)
+    d, qs, bs = K.quantize_q8_K(x)
+    assert np.array_equal(K.matmul_q4_K(w, d, qs, bs), K.matmul(w, T.Q4_K, x))
+    # 1-D activation is treated as (1, k)
+    assert np.array_equal(K.matmul(w, T.Q4_K, x[0]), K.matmul(w, T.Q4_K, x[:1]))
+    with pytest.raises(ValueError):
+        K.matmul(w, T.Q4_K, x[:, :256])          # k mismatch
+    with pytest.raises(ValueError):
+        K.matmul(w, T.Q2_K, x)                   # unsupported type
+    with pytest.raises(ValueError):
+        K.dequantize_rows(w, T.Q3_K)
+
+
+# ----------------------------------------------------------------- vs the reference engine
+
+_HAVE_REF = importlib.util.find_spec("epmci.reference.quants") is not None
+
+
+@pytest.mark.skipif(not _HAVE_REF, reason="epmci.reference.quants not present")
+@pytest.mark.parametrize("qtype", ALL_MM)
+def test_matches_reference_bit_for_bit(qtype):
+    from epmci.reference import quants as R
+    rng = np.random.default_rng(50 + int(qtype))
+    k = 768
+    w = rand_weights(rng, qtype, 40, k)
+    x = _activations(rng, 6, k)
+    try:
+        ref = np.asarray(R.matmul(w, int(qtype), x))
+    except (ValueError, NotImplementedError) as e:
+        pytest.skip(f"reference does not support {qtype.name}: {e}")
+    got = K.matmul(w, qtype, x)
+    assert ref.shape == got.shape
+    assert np.array_equal(_bits(got), _bits(ref.astype(np.float32)))
