@@ -102,7 +102,7 @@ def attention_probs(q16, k_cache, pos0, lut, scale):
                 mx = v
         tot = 0.0
         for j in range(last + 1):
-            e = np.float32(np.exp(p[i, h, j] - mx))
+            e = np.float32(np.exp(np.float64(p[i, h, j] - mx)))  # correctly rounded expf
             p[i, h, j] = e
             tot += np.float64(e)
         inv = np.float32(1.0 / tot)

@@ -54,7 +54,7 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
     for h in range(H):
         kv = h // group
         scores = (q16[:, h].astype(np.float64) @ k16[:, kv].T.astype(np.float64)).astype(np.float32)
-        p = softmax(scores * np.float32(1.0 / np.sqrt(D)) + mask)
+        p = softmax(scores * np.float32(1.0 / np.sqrt(D)) + mask, exp64=True)
         out[:, h] = (f16(p).astype(np.float64) @ v16[:, kv].astype(np.float64)).astype(np.float32)
     return out.reshape(n, H * D)
 

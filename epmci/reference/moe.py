@@ -20,10 +20,15 @@ def silu(x: np.ndarray) -> np.ndarray:
     return (x / (np.float32(1) + np.exp(-x))).astype(np.float32)
 
 
-def softmax(x: np.ndarray) -> np.ndarray:
-    """ggml_soft_max over the last axis: exp(x - max) in float32, sum in double, scale by 1/sum."""
+def softmax(x: np.ndarray, exp64: bool = False) -> np.ndarray:
+    """ggml_soft_max over the last axis: exp(x - max) in float32, sum in double, scale by 1/sum.
+
+    exp64: take exp in double and round once (a correctly rounded expf), instead of
+    NumPy's float32 SIMD exp, which may be 1 ulp off.
+    """
     x = x.astype(np.float32)
-    e = np.exp(x - x.max(axis=-1, keepdims=True)).astype(np.float32)
+    z = x - x.max(axis=-1, keepdims=True)
+    e = (np.exp(z.astype(np.float64)) if exp64 else np.exp(z)).astype(np.float32)
     inv = (1.0 / e.sum(axis=-1, keepdims=True, dtype=np.float64)).astype(np.float32)
     return (e * inv).astype(np.float32)
 
