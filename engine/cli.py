@@ -7,6 +7,7 @@ cannot use is one line on stderr and exit 2.
 from __future__ import annotations
 
 import argparse
+import codecs
 import json
 import os
 import sys
@@ -69,15 +70,18 @@ def run(a: argparse.Namespace) -> int:
         if not tokens:
             raise ModelError("empty prompt")
 
+        # Tokens can split a UTF-8 character: decode incrementally, invalid bytes as U+FFFD.
+        utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
         def emit(tok: int) -> None:
-            sys.stdout.buffer.write(engine.tokenizer.token_bytes(tok))
+            sys.stdout.write(utf8.decode(engine.tokenizer.token_bytes(tok)))
             sys.stdout.flush()
 
         try:
             _, logits = engine.generate(tokens, a.n_predict, a.temp, a.seed, on_token=emit)
         except ValueError as e:
             raise ModelError(str(e)) from None
-        sys.stdout.write("\n")
+        sys.stdout.write(utf8.decode(b"", final=True) + "\n")
         if dump:
             dump.close()
         if a.dump_logits:

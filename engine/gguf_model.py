@@ -71,7 +71,7 @@ class GGUFModel:
         try:
             self.reader = GGUFReader(self.path)
         except Exception as e:
-            raise ModelError(f"{self.path}: unreadable GGUF ({type(e).__name__}: {e})") from None
+            raise ModelError(f"{self.path}: corrupt or truncated GGUF ({type(e).__name__}: {e})") from None
         arch = self._meta("general.architecture", None)
         if arch != ARCH:
             raise ModelError(f"{self.path}: unsupported architecture {arch!r} (engine runs {ARCH})")

@@ -204,103 +204,73 @@ def quantize_q8_0(x):
 # ------------------------------------------------------------- weight row unpacking
 
 @njit(cache=True, inline="always")
-def _unpack_q4_K_row(wr, nb, ws, xd, xm, mins):
-    """ws[p] = scale(p) * q4[p] (int16), xd/xm = f16 d/dmin, mins[8*i + j]."""
+def _unpack_q45_K_row(wr, nb, ws, xd, xm, mins, five):
+    """Q4_K/Q5_K row: ws[p] = sc(p) * q(p) (int16), xd/xm = f16 d/dmin, mins[8*i + j]."""
+    bpb = 176 if five else 144
     for i in range(nb):
-        o = i * 144
-        xd[i] = _f16(wr[o], wr[o + 1])
-        xm[i] = _f16(wr[o + 2], wr[o + 3])
+        blk = wr[i * bpb:(i + 1) * bpb]
+        xd[i] = _f16(blk[0], blk[1])
+        xm[i] = _f16(blk[2], blk[3])
+        qh = blk[16:48]
         for c in range(4):
-            sc0, m0 = _scale_min_k4(wr, o + 4, 2 * c)
-            sc1, m1 = _scale_min_k4(wr, o + 4, 2 * c + 1)
+            sc0, m0 = _scale_min_k4(blk, 4, 2 * c)
+            sc1, m1 = _scale_min_k4(blk, 4, 2 * c + 1)
             mins[i * 8 + 2 * c] = m0
             mins[i * 8 + 2 * c + 1] = m1
-            qo = o + 16 + 32 * c
-            p = i * QK_K + 64 * c
-            for l in range(32):
-                q = np.int32(wr[qo + l])
-                ws[p + l] = sc0 * (q & 0xF)
-                ws[p + 32 + l] = sc1 * (q >> 4)
-
-
-@njit(cache=True, inline="always")
-def _unpack_q5_K_row(wr, nb, ws, xd, xm, mins):
-    for i in range(nb):
-        o = i * 176
-        xd[i] = _f16(wr[o], wr[o + 1])
-        xm[i] = _f16(wr[o + 2], wr[o + 3])
-        for c in range(4):
-            sc0, m0 = _scale_min_k4(wr, o + 4, 2 * c)
-            sc1, m1 = _scale_min_k4(wr, o + 4, 2 * c + 1)
-            mins[i * 8 + 2 * c] = m0
-            mins[i * 8 + 2 * c + 1] = m1
-            qo = o + 48 + 32 * c
-            ho = o + 16
-            p = i * QK_K + 64 * c
-            for l in range(32):
-                q = np.int32(wr[qo + l])
-                h = np.int32(wr[ho + l])
-                ws[p + l] = sc0 * ((q & 0xF) + (((h >> (2 * c)) & 1) << 4))
-                ws[p + 32 + l] = sc1 * ((q >> 4) + (((h >> (2 * c + 1)) & 1) << 4))
+            qoff = (48 if five else 16) + 32 * c
+            ql = blk[qoff:qoff + 32]
+            lo = ws[i * QK_K + 64 * c:i * QK_K + 64 * c + 32]
+            hi = ws[i * QK_K + 64 * c + 32:i * QK_K + 64 * c + 64]
+            if five:
+                for l in range(32):
+                    q = np.int32(ql[l])
+                    h = np.int32(qh[l])
+                    lo[l] = sc0 * ((q & 0xF) | (((h >> (2 * c)) & 1) << 4))
+                    hi[l] = sc1 * ((q >> 4) | (((h >> (2 * c + 1)) & 1) << 4))
+            else:
+                for l in range(32):
+                    q = np.int32(ql[l])
+                    lo[l] = sc0 * (q & 0xF)
+                    hi[l] = sc1 * (q >> 4)
 
 
 @njit(cache=True, inline="always")
 def _unpack_q6_K_row(wr, nb, ws, xd):
+    """Q6_K row: ws[p] = scales[p // 16] * (q6(p) - 32) (int16), xd = f16 d."""
     for i in range(nb):
-        o = i * 210
-        xd[i] = _f16(wr[o + 208], wr[o + 209])
+        blk = wr[i * 210:(i + 1) * 210]
+        xd[i] = _f16(blk[208], blk[209])
         for half in range(2):
-            ql = o + 64 * half
-            qh = o + 128 + 32 * half
-            p = i * QK_K + 128 * half
-            for l in range(32):
-                a = np.int32(wr[ql + l])
-                b = np.int32(wr[ql + 32 + l])
-                h = np.int32(wr[qh + l])
-                q1 = ((a & 0xF) | (((h >> 0) & 3) << 4)) - 32
-                q2 = ((b & 0xF) | (((h >> 2) & 3) << 4)) - 32
-                q3 = ((a >> 4) | (((h >> 4) & 3) << 4)) - 32
-                q4 = ((b >> 4) | (((h >> 6) & 3) << 4)) - 32
-                e1 = 128 * half + l
-                # scales are int8: byte -> signed
-                s1 = np.int32(np.int8(wr[o + 192 + e1 // 16]))
-                s2 = np.int32(np.int8(wr[o + 192 + (e1 + 32) // 16]))
-                s3 = np.int32(np.int8(wr[o + 192 + (e1 + 64) // 16]))
-                s4 = np.int32(np.int8(wr[o + 192 + (e1 + 96) // 16]))
-                ws[p + l] = s1 * q1
-                ws[p + 32 + l] = s2 * q2
-                ws[p + 64 + l] = s3 * q3
-                ws[p + 96 + l] = s4 * q4
+            ql = blk[64 * half:64 * half + 64]
+            qh = blk[128 + 32 * half:160 + 32 * half]
+            sc = blk[192 + 8 * half:200 + 8 * half]  # 8 scales of this 128-value half
+            out = ws[i * QK_K + 128 * half:i * QK_K + 128 * half + 128]
+            for part in range(2):  # l in [0, 16) and [16, 32): one scale index each
+                s1 = np.int32(np.int8(sc[part + 0]))
+                s2 = np.int32(np.int8(sc[part + 2]))
+                s3 = np.int32(np.int8(sc[part + 4]))
+                s4 = np.int32(np.int8(sc[part + 6]))
+                for ll in range(16):
+                    l = 16 * part + ll
+                    a = np.int32(ql[l])
+                    b = np.int32(ql[l + 32])
+                    h = np.int32(qh[l])
+                    out[l] = s1 * (((a & 0xF) | ((h & 3) << 4)) - 32)
+                    out[l + 32] = s2 * (((b & 0xF) | (((h >> 2) & 3) << 4)) - 32)
+                    out[l + 64] = s3 * (((a >> 4) | (((h >> 4) & 3) << 4)) - 32)
+                    out[l + 96] = s4 * (((b >> 4) | (((h >> 6) & 3) << 4)) - 32)
 
 
 # ------------------------------------------------------------- per-row dot products
 
 @njit(cache=True, inline="always")
-def _lanes_superblock(ws, q8, base):
-    """Exact int32 lane sums aux32[l] = sum over positions = l (mod 8) of ws*q8."""
-    a0 = np.int32(0)
-    a1 = np.int32(0)
-    a2 = np.int32(0)
-    a3 = np.int32(0)
-    a4 = np.int32(0)
-    a5 = np.int32(0)
-    a6 = np.int32(0)
-    a7 = np.int32(0)
-    for g in range(QK_K // 8):
-        o = base + 8 * g
-        a0 += np.int32(ws[o]) * np.int32(q8[o])
-        a1 += np.int32(ws[o + 1]) * np.int32(q8[o + 1])
-        a2 += np.int32(ws[o + 2]) * np.int32(q8[o + 2])
-        a3 += np.int32(ws[o + 3]) * np.int32(q8[o + 3])
-        a4 += np.int32(ws[o + 4]) * np.int32(q8[o + 4])
-        a5 += np.int32(ws[o + 5]) * np.int32(q8[o + 5])
-        a6 += np.int32(ws[o + 6]) * np.int32(q8[o + 6])
-        a7 += np.int32(ws[o + 7]) * np.int32(q8[o + 7])
-    return a0, a1, a2, a3, a4, a5, a6, a7
+def _dot_kquant(ws, xd, xm, mins, has_min, nb, yd, q8, bs, t):
+    """One output of ggml_vec_dot_q{4,5,6}_K_q8_K_generic (see module doc).
 
-
-@njit(cache=True, inline="always")
-def _dot_kquant(ws, xd, xm, mins, has_min, nb, yd, q8, bs):
+    ws: int16[nb*256] scale-premultiplied weights of the row; q8: int8[nb*256];
+    t: int32[256] scratch.  aux32[l] = sum of ws*q8 over positions = l (mod 8) of the
+    super-block, computed exactly (products into t, then lane sums).
+    """
     s0 = np.float32(0.0)
     s1 = np.float32(0.0)
     s2 = np.float32(0.0)
@@ -311,7 +281,28 @@ def _dot_kquant(ws, xd, xm, mins, has_min, nb, yd, q8, bs):
     s7 = np.float32(0.0)
     sumf = np.float32(0.0)
     for i in range(nb):
-        a0, a1, a2, a3, a4, a5, a6, a7 = _lanes_superblock(ws, q8, i * QK_K)
+        w = ws[i * QK_K:(i + 1) * QK_K]
+        q = q8[i * QK_K:(i + 1) * QK_K]
+        for p in range(QK_K):
+            t[p] = np.int32(w[p]) * np.int32(q[p])
+        a0 = np.int32(0)
+        a1 = np.int32(0)
+        a2 = np.int32(0)
+        a3 = np.int32(0)
+        a4 = np.int32(0)
+        a5 = np.int32(0)
+        a6 = np.int32(0)
+        a7 = np.int32(0)
+        for g in range(QK_K // 8):
+            o = 8 * g
+            a0 += t[o]
+            a1 += t[o + 1]
+            a2 += t[o + 2]
+            a3 += t[o + 3]
+            a4 += t[o + 4]
+            a5 += t[o + 5]
+            a6 += t[o + 6]
+            a7 += t[o + 7]
         d = np.float32(xd[i] * yd[i])
         s0 = np.float32(s0 + np.float32(d * np.float32(a0)))
         s1 = np.float32(s1 + np.float32(d * np.float32(a1)))
@@ -322,9 +313,11 @@ def _dot_kquant(ws, xd, xm, mins, has_min, nb, yd, q8, bs):
         s6 = np.float32(s6 + np.float32(d * np.float32(a6)))
         s7 = np.float32(s7 + np.float32(d * np.float32(a7)))
         if has_min:
+            b = bs[i * 16:(i + 1) * 16]
+            m = mins[i * 8:(i + 1) * 8]
             sumi = np.int32(0)
             for j in range(QK_K // 16):
-                sumi += np.int32(bs[i * 16 + j]) * mins[i * 8 + j // 2]
+                sumi += np.int32(b[j]) * m[j // 2]
             dmin = np.float32(xm[i] * yd[i])
             sumf = np.float32(sumf - np.float32(dmin * np.float32(sumi)))
     sumf = np.float32(sumf + s0)
@@ -353,10 +346,11 @@ def matmul_q4_K(w, d, qs, bsums):
         xd = np.empty(nb, np.float32)
         xm = np.empty(nb, np.float32)
         mins = np.empty(nb * 8, np.int32)
+        t = np.empty(QK_K, np.int32)
         for r in range(c * _CHUNK, min(rows, (c + 1) * _CHUNK)):
-            _unpack_q4_K_row(w[r], nb, ws, xd, xm, mins)
+            _unpack_q45_K_row(w[r], nb, ws, xd, xm, mins, False)
             for j in range(n):
-                out[j, r] = _dot_kquant(ws, xd, xm, mins, True, nb, d[j], qs[j], bsums[j])
+                out[j, r] = _dot_kquant(ws, xd, xm, mins, True, nb, d[j], qs[j], bsums[j], t)
     return out
 
 
@@ -375,10 +369,11 @@ def matmul_q5_K(w, d, qs, bsums):
         xd = np.empty(nb, np.float32)
         xm = np.empty(nb, np.float32)
         mins = np.empty(nb * 8, np.int32)
+        t = np.empty(QK_K, np.int32)
         for r in range(c * _CHUNK, min(rows, (c + 1) * _CHUNK)):
-            _unpack_q5_K_row(w[r], nb, ws, xd, xm, mins)
+            _unpack_q45_K_row(w[r], nb, ws, xd, xm, mins, True)
             for j in range(n):
-                out[j, r] = _dot_kquant(ws, xd, xm, mins, True, nb, d[j], qs[j], bsums[j])
+                out[j, r] = _dot_kquant(ws, xd, xm, mins, True, nb, d[j], qs[j], bsums[j], t)
     return out
 
 
@@ -397,10 +392,11 @@ def matmul_q6_K(w, d, qs, bsums):
         xd = np.empty(nb, np.float32)
         xm = np.empty(1, np.float32)
         mins = np.empty(1, np.int32)
+        t = np.empty(QK_K, np.int32)
         for r in range(c * _CHUNK, min(rows, (c + 1) * _CHUNK)):
             _unpack_q6_K_row(w[r], nb, ws, xd)
             for j in range(n):
-                out[j, r] = _dot_kquant(ws, xd, xm, mins, False, nb, d[j], qs[j], bsums[j])
+                out[j, r] = _dot_kquant(ws, xd, xm, mins, False, nb, d[j], qs[j], bsums[j], t)
     return out
 
 

@@ -121,9 +121,7 @@ class Engine:
 
     def _accumulate(self, stats: PhaseStats, before: dict) -> None:
         after = self._counters()
-        if not after:
-            return
-        from .pager import phase_counters
+        from .pager import phase_counters  # --no-pager: empty snapshots, paging fields 0
         stats.counters = phase_counters(stats.counters, before, after, stats.tokens)
 
     def on_moe(self, fn) -> None:

@@ -73,7 +73,7 @@ class ModelFile:
         try:
             self.reader = GGUFReader(self.path)
         except Exception as e:  # gguf-py raises ValueError/IndexError/... on damage
-            raise InputError(self.path, f"not a readable GGUF ({type(e).__name__}: {e})") from None
+            raise InputError(self.path, f"corrupt or truncated GGUF ({type(e).__name__}: {e})") from None
         arch = self.meta("general.architecture", None)
         if arch != ARCH:
             raise InputError(self.path, f"architecture is {arch!r}, expected {ARCH!r}")

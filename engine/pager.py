@@ -1,0 +1,467 @@
+"""The expert pager: the ExpertStore of a paged run (see engine/model.py and
+docs/engine-contract.md).
+
+Ties together the arena (engine/arena.py), the cache policy (engine/cache_policy.py), the
+reader pool (engine/expert_io.py) and layer-ahead prefetch (engine/prefetch.py):
+
+    begin_layer(L, x)  predict layer L+ahead's experts, issue prefetch reads
+    fetch(L, experts)  look the experts up; issue reads for misses; return lazy views
+                       (indexing one waits for its read: compute overlaps the others)
+    release(L)         the views are done with; their slots become evictable again
+    end_batch(n)       advance the token clock; expire stale predictions
+
+Every decision is made here, on the calling (main) thread, when a read is issued; the
+reader threads only move bytes. Before a slot is written, any read still in flight into
+it is waited for; before a slot is computed from, its read is waited for (io_wait_s).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from .arena import ALIGN, Arena, MiB, layer_layouts, plan_slots, round_up
+from .cache_policy import CachePolicy, Decision, Key
+from .expert_io import ExpertIO, ReadHandle
+from .gguf_model import GGUFModel, ModelError
+from .prefetch import Predictor, PrefetchQueue
+
+DEFAULT_ARENA_FRACTION = 0.25   # of the model's expert bytes, when no size is given
+EXACT_COUNTERS = ("hits", "misses", "evictions", "ssd_bytes", "prefetch_issued", "prefetch_used")
+
+
+def _env_int(env, name: str, default: int, lo: int = 0) -> int:
+    v = env.get(name, "")
+    if v.strip() == "":
+        return default
+    try:
+        n = int(v)
+    except ValueError:
+        raise ModelError(f"{name}={v!r}: must be an integer >= {lo}") from None
+    if n < lo:
+        raise ModelError(f"{name}={v!r}: must be an integer >= {lo}")
+    return n
+
+
+def _env_bool(env, name: str, default: bool) -> bool:
+    v = env.get(name, "").strip()
+    if v == "":
+        return default
+    if v not in ("0", "1"):
+        raise ModelError(f"{name}={v!r}: must be 0 or 1")
+    return v == "1"
+
+
+@dataclass
+class PagerConfig:
+    arena_mb: float | None = None          # None: DEFAULT_ARENA_FRACTION of the expert bytes
+    ram_budget_mb: float | None = None     # None: no budget check
+    force_uniform_slot: bool = False
+    admit_min_hits: int = 1
+    hot_pin: int = 0
+    profile_in: str | None = None
+    io_threads: int = 4
+    io_parallel: bool = True
+    fadv_dontneed: bool = False
+    prefetch: bool = True
+    prefetch_layer_ahead: int = 1
+    prefetch_queue: int = 64
+    prefetch_stale_tokens: int = 2
+    direct_io: bool = True
+
+    @classmethod
+    def from_env(cls, arena_mb: float | None = None, ram_budget_mb: float | None = None,
+                 prefetch: bool | None = None, env: Mapping[str, str] | None = None) -> "PagerConfig":
+        """CLI values plus the SDQ_* environment (SDQ_ARENA_MB overrides arena_mb;
+        prefetch=False, i.e. --no-prefetch, wins over SDQ_PREFETCH)."""
+        env = os.environ if env is None else env
+        if env.get("SDQ_ARENA_MB", "").strip():
+            v = env["SDQ_ARENA_MB"]
+            try:
+                arena_mb = float(v)
+            except ValueError:
+                raise ModelError(f"SDQ_ARENA_MB={v!r}: must be a number of MiB") from None
+        if arena_mb is not None and not arena_mb > 0:
+            raise ModelError(f"arena size must be positive, got {arena_mb} MiB")
+        if ram_budget_mb is not None and not ram_budget_mb > 0:
+            raise ModelError(f"--ram-budget-mb: must be positive, got {ram_budget_mb}")
+        pf = _env_bool(env, "SDQ_PREFETCH", True)
+        if prefetch is not None:
+            pf = pf and prefetch
+        return cls(
+            arena_mb=arena_mb,
+            ram_budget_mb=ram_budget_mb,
+            force_uniform_slot=_env_bool(env, "SDQ_FORCE_UNIFORM_SLOT", False),
+            admit_min_hits=_env_int(env, "SDQ_ADMIT_MIN_HITS", 1, 1),
+            hot_pin=_env_int(env, "SDQ_HOT_PIN", 0, 0),
+            profile_in=env.get("SDQ_PROFILE_IN") or None,
+            io_threads=_env_int(env, "SDQ_IO_THREADS", 4, 1),
+            io_parallel=_env_bool(env, "SDQ_IO_PARALLEL", True),
+            fadv_dontneed=_env_bool(env, "SDQ_FADV_DONTNEED", False),
+            prefetch=pf,
+            prefetch_layer_ahead=_env_int(env, "SDQ_PREFETCH_LAYER_AHEAD", 1, 0),
+            prefetch_queue=_env_int(env, "SDQ_PREFETCH_QUEUE", 64, 0),
+            prefetch_stale_tokens=_env_int(env, "SDQ_PREFETCH_STALE_TOKENS", 2, 0),
+        )
+
+
+def read_profile(path: str, n_layer: int, n_expert: int) -> list[tuple[Key, int]]:
+    """A --profile-out file: `layer expert count` lines -> [((layer, expert), count)] in
+    the order pins are taken (count descending, then layer, then expert)."""
+    try:
+        lines = open(path).read().splitlines()
+    except OSError as e:
+        raise ModelError(f"SDQ_PROFILE_IN {path}: {e.strerror or e}") from None
+    out = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        try:
+            layer, expert, count = (int(v) for v in line.split())
+        except ValueError:
+            raise ModelError(f"SDQ_PROFILE_IN {path}: line {i}: expected `layer expert count`") from None
+        if not (0 <= layer < n_layer and 0 <= expert < n_expert) or count < 0:
+            raise ModelError(f"SDQ_PROFILE_IN {path}: line {i}: ({layer}, {expert}, {count}) out of range")
+        out.append(((layer, expert), count))
+    out.sort(key=lambda kc: (-kc[1], kc[0][0], kc[0][1]))
+    return out
+
+
+def work_buffer_bytes(gm: GGUFModel, batch: int, n_ctx: int) -> int:
+    """Upper estimate of the forward pass's transient arrays and of the logits a run keeps."""
+    hp = gm.hp
+    b = max(1, batch)
+    per_row = 4 * (hp.n_embd * 24                       # residual, norms, q8 copies, MoE sums
+                   + hp.n_head * hp.head_dim * 6         # q, k, v, attention output
+                   + hp.n_head * n_ctx * 4               # attention probabilities (+ f16 copy)
+                   + hp.n_expert_used * hp.n_embd * 3    # per-slot expert outputs
+                   + hp.n_ff_exp * 8                     # gate, up, swiglu per row
+                   + hp.n_expert * 4                     # router
+                   + hp.n_vocab * 3)                     # the micro-batch's logits
+    kept_logits = 2 * n_ctx * hp.n_vocab * 4             # every position's logits, + concatenation
+    return b * per_row + kept_logits
+
+
+def process_rss_bytes() -> int:
+    """VmRSS of this process (the interpreter, NumPy, numba and what is touched so far)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+# Compiled kernels are loaded from numba's cache on first use after the budget check;
+# measured on the ci model at ~60 MiB of code and LLVM state. Counted with the runtime.
+JIT_ALLOWANCE = 96 * MiB
+
+
+def slot_error(msg: str) -> RuntimeError:
+    print(f"[epm] SLOT-ERROR {msg}", file=sys.stderr, flush=True)
+    return RuntimeError(f"SLOT-ERROR {msg}")
+
+
+class _Views(Mapping):
+    """fetch()'s result: expert -> (gate, up, down); indexing waits for that expert's read."""
+
+    def __init__(self, pager: "Pager", layer: int, decisions: list[Decision]):
+        self._p, self._layer = pager, layer
+        self._d = {d.key[1]: d for d in decisions}
+
+    def __getitem__(self, e):
+        return self._p._views_of(self._layer, self._d[e])
+
+    def __iter__(self):
+        return iter(self._d)
+
+    def __len__(self):
+        return len(self._d)
+
+
+class Pager:
+    """ExpertStore over a fixed arena. See the module docstring."""
+
+    def __init__(self, gm: GGUFModel, cfg: PagerConfig | None = None, batch: int = 32, n_ctx: int = 512):
+        self.gm, self.cfg = gm, cfg or PagerConfig()
+        hp = gm.hp
+        self.batch, self.n_ctx = max(1, batch), n_ctx
+        self.layouts = layer_layouts(gm)
+        shapes: dict = {}
+        self.shape_id = [shapes.setdefault(tuple((p.offset_in_slot, p.stride, p.rows, p.row_bytes)
+                                                 for p in l.parts), len(shapes)) for l in self.layouts]
+        self.expert_bytes_total = hp.n_expert * sum(l.expert_bytes for l in self.layouts)
+        if self.cfg.arena_mb is not None:
+            arena_bytes = int(self.cfg.arena_mb * MiB)
+            plan = plan_slots(self.layouts, hp.n_expert, hp.n_expert_used, self.batch, arena_bytes,
+                              self.cfg.force_uniform_slot)
+        else:
+            probe = plan_slots(self.layouts, hp.n_expert, hp.n_expert_used, self.batch, 1 << 62,
+                               self.cfg.force_uniform_slot)
+            arena_bytes = max(int(self.expert_bytes_total * DEFAULT_ARENA_FRACTION), probe.min_bytes)
+            plan = plan_slots(self.layouts, hp.n_expert, hp.n_expert_used, self.batch, arena_bytes,
+                              self.cfg.force_uniform_slot)
+        self.plan = plan
+        self.arena_bytes_requested = arena_bytes
+        self.policy = CachePolicy(plan.n_slots, plan.class_of_layer, self.cfg.admit_min_hits, plan.need)
+        self.pins: list[tuple[Key, int]] = []
+        if self.cfg.hot_pin > 0:
+            if not self.cfg.profile_in:
+                raise ModelError("SDQ_HOT_PIN: needs SDQ_PROFILE_IN (a --profile-out file)")
+            prof = read_profile(self.cfg.profile_in, hp.n_layer, hp.n_expert)
+            want = [k for k, _ in prof[:self.cfg.hot_pin]]
+            self.pins = self.policy.pin(want)
+            if len(self.pins) < len(want):
+                print(f"[epm] hot-pin: pinned {len(self.pins)} of {len(want)} experts (each slot class "
+                      f"keeps {'/'.join(map(str, plan.need))} slots for one layer's micro-batch)",
+                      file=sys.stderr)
+        self.arena = Arena(plan)
+        self._arena_addr = self.arena.buf.ctypes.data if self.arena.size else 0
+        self.io = ExpertIO(gm.path, self.cfg.io_threads, self.cfg.io_parallel, self.cfg.fadv_dontneed,
+                           self.cfg.direct_io)
+        self.predictor = Predictor(gm) if self.cfg.prefetch else None
+        self.queue = PrefetchQueue(self.cfg.prefetch_queue, self.cfg.prefetch_stale_tokens)
+        self.slot_read: list[ReadHandle | None] = [None] * self.arena.n_slots
+        self._transient: dict[Key, tuple[np.ndarray, ReadHandle]] = {}
+        self.clock = 0
+        self.current_layer = -1
+        self.ssd_bytes = 0
+        self.pin_bytes = 0
+        self.io_wait_s = 0.0
+        self.profile: Counter[Key] = Counter()
+        self.trace: list[tuple[int, list[int]]] | None = None   # set to [] to record lookups
+        self.missed: list[Key] | None = None                    # set to [] to record misses
+        self._started = False
+        self._closed = False
+
+    # ------------------------------------------------------------ budget / start
+
+    def budget_breakdown(self, kv_bytes: int) -> dict[str, int]:
+        return {
+            "resident weights": self.gm.resident_bytes(),
+            "arena": self.plan.total_bytes,
+            "KV cache": int(kv_bytes),
+            "work buffers": work_buffer_bytes(self.gm, self.batch, self.n_ctx) + self._transient_bytes(),
+            "runtime": process_rss_bytes() + JIT_ALLOWANCE,
+        }
+
+    def _transient_bytes(self) -> int:
+        """Admission-deferred misses of one layer's micro-batch sit in transient buffers."""
+        if self.cfg.admit_min_hits <= 1:
+            return 0
+        return max(self.plan.need) * (max(self.plan.class_sizes) + ALIGN)
+
+    def check_budget(self, kv_bytes: int) -> None:
+        """Refuse (ModelError) unless everything fits in --ram-budget-mb; then load the pins."""
+        if self.cfg.ram_budget_mb is not None:
+            parts = self.budget_breakdown(kv_bytes)
+            total = sum(parts.values())
+            budget = self.cfg.ram_budget_mb * MiB
+            if total > budget:
+                detail = " + ".join(f"{k} {v / MiB:.1f}" for k, v in parts.items())
+                raise ModelError(f"--ram-budget-mb {self.cfg.ram_budget_mb:g}: needs {total / MiB:.1f} MiB "
+                                 f"({detail} MiB)")
+        self._start()
+
+    def _start(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        for key, slot in self.pins:
+            self._read_into_slot(key, slot)
+            self.pin_bytes += self.layouts[key[0]].expert_bytes
+
+    # ------------------------------------------------------------ reads
+
+    def _wait(self, h: ReadHandle) -> None:
+        self.io_wait_s += h.wait()
+
+    def _ranges(self, key: Key, base_addr: int, mem: memoryview) -> list:
+        layer, e = key
+        return [(off, n, mem[pos:pos + n], base_addr + pos) for off, n, pos in self.layouts[layer].ranges(e)]
+
+    def _read_into_slot(self, key: Key, slot: int) -> None:
+        layout = self.layouts[key[0]]
+        size = self.arena.slot_size[slot]
+        if layout.slot_bytes > size:
+            raise slot_error(f"layer {key[0]} expert {key[1]}: {layout.slot_bytes} B do not fit slot {slot} "
+                             f"({self.plan.class_names[self.arena.slot_class[slot]]}, {size} B)")
+        h = self.slot_read[slot]
+        if h is not None:            # a read still in flight into this slot must land first
+            self._wait(h)
+        off = self.arena.slot_offset[slot]
+        mem = self.arena.slot_memoryview(slot, 0, size)
+        self.slot_read[slot] = self.io.submit(self._ranges(key, self._arena_addr + off, mem))
+
+    def _read_transient(self, key: Key) -> None:
+        layout = self.layouts[key[0]]
+        raw = np.empty(layout.slot_bytes + ALIGN, dtype=np.uint8)
+        pad = (-raw.ctypes.data) % ALIGN
+        buf = raw[pad:pad + layout.slot_bytes]
+        h = self.io.submit(self._ranges(key, buf.ctypes.data, memoryview(buf)))
+        self._transient[key] = (buf, h)
+
+    def _views_of(self, layer: int, d: Decision):
+        layout = self.layouts[layer]
+        if d.slot < 0:
+            buf, h = self._transient[d.key]
+            self._wait(h)
+            return tuple(buf[p.offset_in_slot:p.offset_in_slot + p.stride].reshape(p.rows, p.row_bytes)
+                         for p in layout.parts)
+        slot = d.slot
+        if self.policy.owner[slot] != d.key:
+            raise slot_error(f"slot {slot} holds {self.policy.owner[slot]}, computed as {d.key}")
+        h = self.slot_read[slot]
+        if h is not None:
+            self._wait(h)
+            self.slot_read[slot] = None
+        return self.arena.expert_views(slot, layout, self.shape_id[layer])
+
+    # ------------------------------------------------------------ ExpertStore
+
+    def begin_layer(self, il: int, x: np.ndarray) -> None:
+        if not self._started:
+            self._start()
+        self.current_layer = il
+        if self.predictor is None:
+            return
+        target = il + self.cfg.prefetch_layer_ahead
+        protect: set[Key] = set()
+        if target < self.gm.hp.n_layer:
+            keys = [(target, e) for e in self.predictor.predict(target, x)]
+            new = []
+            for key in keys:
+                if self.policy.resident(key):
+                    self.policy.touch(key)   # predicted: keep it away from the eviction end
+                    protect.add(key)
+                else:
+                    new.append(key)
+            protect.update(new)
+            self.queue.add(new, self.clock)
+
+        def issue(key: Key, born: int) -> None:
+            d = self.policy.prefetch(key, il, born, protect)
+            if d is not None:
+                self._read_into_slot(key, d.slot)
+                self.ssd_bytes += self.layouts[key[0]].expert_bytes
+
+        self.queue.pump(lambda: len(self.policy.outstanding), issue)
+
+    def fetch(self, il: int, experts: list[int]):
+        if not self._started:
+            self._start()
+        self.queue.drop_layer(il)
+        decisions = self.policy.lookup(il, experts)
+        nbytes = self.layouts[il].expert_bytes
+        for d in decisions:
+            self.profile[d.key] += 1
+            if d.hit:
+                continue
+            self.ssd_bytes += nbytes
+            if self.missed is not None:
+                self.missed.append(d.key)
+            if d.slot >= 0:
+                self._read_into_slot(d.key, d.slot)
+            else:
+                self._read_transient(d.key)
+        if self.trace is not None:
+            self.trace.append((il, [int(e) for e in experts]))
+        return _Views(self, il, decisions)
+
+    def release(self, il: int) -> None:
+        self.policy.release()
+        for buf, h in self._transient.values():
+            self._wait(h)
+        self._transient.clear()
+
+    def end_batch(self, n_tokens: int) -> None:
+        self.clock += int(n_tokens)
+        self.queue.expire(self.clock)
+        self.policy.drop_stale(self.clock, self.cfg.prefetch_stale_tokens)
+        self.current_layer = -1
+
+    # ------------------------------------------------------------ selftest
+
+    def load_slot(self, il: int, e: int) -> tuple[int, tuple]:
+        """Read expert e of layer il into an arena slot (admitting it whatever
+        SDQ_ADMIT_MIN_HITS says) and return (slot, (gate, up, down) views from the slot).
+        Call release(il) when done."""
+        if not self._started:
+            self._start()
+        key = (il, e)
+        pol = self.policy
+        pol.seen[key] = max(pol.seen[key], pol.admit_min_hits - 1)
+        d = pol.lookup(il, [e])[0]
+        if d.slot < 0:
+            raise slot_error(f"layer {il} expert {e}: not admitted to a slot")
+        if not d.hit:
+            self.ssd_bytes += self.layouts[il].expert_bytes
+            self._read_into_slot(key, d.slot)
+        views = self._views_of(il, d)
+        if not all(self.arena.contains(v) for v in views):
+            raise slot_error(f"layer {il} expert {e}: views are not in the arena")
+        return d.slot, views
+
+    # ------------------------------------------------------------ reporting
+
+    def counters(self) -> dict:
+        c = self.policy.counters()
+        c["ssd_bytes"] = self.ssd_bytes
+        c["io_wait_s"] = self.io_wait_s
+        c["n_slots"] = self.plan.total_slots
+        c["n_slots_small"] = self.plan.n_class("small")
+        c["n_slots_large"] = self.plan.n_class("large")
+        c["arena_mb"] = round(self.plan.total_bytes / MiB, 3)
+        return c
+
+    def profile_text(self) -> str:
+        rows = sorted(self.profile.items(), key=lambda kv: (-kv[1], kv[0][0], kv[0][1]))
+        return "".join(f"{l} {e} {n}\n" for (l, e), n in rows)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for h in self.slot_read:
+            if h is not None:
+                try:
+                    h.wait()
+                except BaseException:
+                    pass
+        self.io.close()
+        self.arena.close()
+
+
+def phase_counters(prev: dict, before: dict, after: dict, phase_tokens: int) -> dict:
+    """A phase's stats fields: `prev` (the phase so far) plus the counters between the
+    snapshots `before` and `after`. Empty snapshots (--no-pager) give zeros."""
+    rec = {}
+    for k in EXACT_COUNTERS:
+        rec[k] = int(prev.get(k, 0)) + int(after.get(k, 0)) - int(before.get(k, 0))
+    lookups = rec["hits"] + rec["misses"]
+    out = {
+        "hit_rate": round(100.0 * rec["hits"] / lookups, 4) if lookups else 0.0,
+        "hits": rec["hits"],
+        "misses": rec["misses"],
+        "evictions": rec["evictions"],
+        "ssd_bytes": rec["ssd_bytes"],
+        "ssd_bytes_per_token": round(rec["ssd_bytes"] / phase_tokens, 3) if phase_tokens else 0.0,
+        "n_slots": int(after.get("n_slots", 0)),
+        "n_slots_small": int(after.get("n_slots_small", 0)),
+        "n_slots_large": int(after.get("n_slots_large", 0)),
+        "prefetch_issued": rec["prefetch_issued"],
+        "prefetch_used": rec["prefetch_used"],
+        "prefetch_used_rate": (round(100.0 * rec["prefetch_used"] / rec["prefetch_issued"], 4)
+                               if rec["prefetch_issued"] else 0.0),
+        "io_wait_s": round(float(prev.get("io_wait_s", 0.0)) + float(after.get("io_wait_s", 0.0))
+                           - float(before.get("io_wait_s", 0.0)), 6),
+        "arena_mb": after.get("arena_mb", 0.0),
+    }
+    return out

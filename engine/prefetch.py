@@ -1,0 +1,79 @@
+"""Layer-ahead prefetch: predict a later layer's experts and queue their reads.
+
+At the start of layer L (before its attention), the hidden state x is normed with layer
+T's ffn_norm and run through layer T's router, T = L + SDQ_PREFETCH_LAYER_AHEAD (1: the
+next layer; 0: layer L itself, overlapping its attention). The top-k experts of every row,
+in first-use order, are the prediction.
+
+The queue is logical, so prefetch counters do not depend on I/O timing:
+
+* a prefetch is *outstanding* from the moment its read is issued until a lookup consumes
+  it, it is evicted, or it goes stale; at most `cap` (SDQ_PREFETCH_QUEUE) are outstanding;
+* predictions that cannot be issued because the cap is reached wait in `pending`, in
+  order, and are issued as outstanding ones retire (checked at every layer start);
+* a pending prediction for layer T is dropped when layer T's lookup happens (it can no
+  longer help that micro-batch);
+* `stale` (SDQ_PREFETCH_STALE_TOKENS): a prediction made when the token clock was c is
+  dropped -- pending ones discarded, outstanding ones no longer outstanding -- once
+  clock - c > stale, the clock advancing by the micro-batch's token count at its end.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from . import kernels as K
+from . import ops
+from .gguf_model import GGUFModel
+
+Key = tuple[int, int]
+
+
+class Predictor:
+    """Routing of a layer applied to a hidden state it was not computed for."""
+
+    def __init__(self, gm: GGUFModel):
+        hp = gm.hp
+        self.k, self.eps = hp.n_expert_used, hp.rms_eps
+        self.norm = [gm.layer(il, "ffn_norm").data for il in range(hp.n_layer)]
+        self.router = [gm.layer(il, "ffn_gate_inp").data for il in range(hp.n_layer)]
+
+    def predict(self, layer: int, x: np.ndarray) -> list[int]:
+        h = ops.rms_norm(np.ascontiguousarray(x, dtype=np.float32), self.norm[layer], self.eps)
+        logits = K.matmul_f32(self.router[layer], h)
+        sel = np.argsort(-logits, axis=-1, kind="stable")[:, :self.k]
+        return list(dict.fromkeys(sel.ravel().tolist()))
+
+
+class PrefetchQueue:
+    def __init__(self, cap: int, stale: int):
+        self.cap = max(0, int(cap))
+        self.stale = max(0, int(stale))
+        self.pending: deque[tuple[Key, int]] = deque()
+        self._pending_keys: set[Key] = set()
+
+    def add(self, keys: list[Key], clock: int) -> None:
+        for key in keys:
+            if key not in self._pending_keys:
+                self._pending_keys.add(key)
+                self.pending.append((key, clock))
+
+    def pump(self, n_outstanding, issue) -> None:
+        """Issue pending predictions in order while fewer than cap are outstanding.
+        n_outstanding() -> int; issue(key, born_clock) issues (or declines) one."""
+        while self.pending and n_outstanding() < self.cap:
+            key, born = self.pending.popleft()
+            self._pending_keys.discard(key)
+            issue(key, born)
+
+    def drop_layer(self, layer: int) -> None:
+        if any(k[0] == layer for k, _ in self.pending):
+            self.pending = deque((k, c) for k, c in self.pending if k[0] != layer)
+            self._pending_keys = {k for k, _ in self.pending}
+
+    def expire(self, clock: int) -> None:
+        if any(clock - c > self.stale for _, c in self.pending):
+            self.pending = deque((k, c) for k, c in self.pending if clock - c <= self.stale)
+            self._pending_keys = {k for k, _ in self.pending}

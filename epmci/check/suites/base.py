@@ -1,0 +1,53 @@
+"""What a suite is: a name, a title, and a plan of independent tasks.
+
+`plan(ctx)` returns Tasks (each runs engines and compares, returning CheckResults) and/or
+ready CheckResults (e.g. a skip). Tasks must not depend on each other: the runner executes
+them in any order, in parallel, and sorts results back into plan order.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+from ..context import CheckContext
+from ..result import FAIL, PASS, CheckResult
+from ...engine_runner import EngineRun
+
+
+@dataclass
+class Task:
+    suite: str
+    name: str
+    fn: Callable[[], list[CheckResult]]
+    names: list[str] = field(default_factory=list)   # the results it will produce (for errors)
+    cost: float = 1.0                                # rough engine runs; big tasks start first
+
+
+class Suite(Protocol):
+    name: str
+    title: str
+    description: str
+
+    def plan(self, ctx: CheckContext) -> list[Task | CheckResult]: ...
+
+
+def run_failed(suite: str, names: list[str], run: EngineRun, what: str = "") -> list[CheckResult]:
+    """Every result that depended on a failed engine run fails with the run's reason."""
+    reason = run.failure() or "engine run failed"
+    props = {"returncode": run.returncode, "timed_out": run.timed_out, "run_seconds": round(run.seconds, 3)}
+    return [CheckResult(suite, n, FAIL, f"{what}{reason}", dict(props), run.seconds,
+                        run.stderr_tail(), f"command: {run.command_line()}") for n in names]
+
+
+class Timer:
+    def __init__(self):
+        self.t0 = time.perf_counter()
+
+    def __call__(self) -> float:
+        return time.perf_counter() - self.t0
+
+
+def status(ok: bool) -> str:
+    return PASS if ok else FAIL

@@ -1,0 +1,95 @@
+"""Layer 4, determinism: the same prompt run twice with the model's page cache dropped in
+between (posix_fadvise DONTNEED, so the second run reads from disk), and once with another
+thread count. Logits must be byte-identical, generated text equal and every exact counter of
+the stats (hits, misses, evictions, bytes read, prefetch counts, ...) identical.
+
+Catches: accumulation whose order depends on the thread count, results that depend on I/O
+timing (a slot used before its read completed shows up when reads get slow), counters
+that race.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ...contract_io import ContractError, read_logits, read_stats, stats_counters
+from ...engine_runner import drop_page_cache
+from ..compare import compare_logits
+from ..context import CheckContext
+from ..result import FAIL, PASS, CheckResult
+from .base import Task, run_failed
+
+NAME = "determinism"
+
+
+def counter_diff(a: dict, b: dict) -> list[str]:
+    out = []
+    for k in sorted(set(a) | set(b)):
+        if a.get(k, "<missing>") != b.get(k, "<missing>"):
+            out.append(f"{k} {a.get(k, '<missing>')} vs {b.get(k, '<missing>')}")
+    return out
+
+
+class DeterminismSuite:
+    name = NAME
+    title = "determinism: page cache dropped, other thread count: identical logits and counters"
+    description = __doc__
+
+    def plan(self, ctx: CheckContext) -> list[Task | CheckResult]:
+        names = ["page cache dropped", f"threads {ctx.threads} vs {ctx.threads_alt}"]
+        return [Task(NAME, "determinism", lambda: self.check(ctx, names), names=names, cost=3.0)]
+
+    def check(self, ctx: CheckContext, names: list[str]) -> list[CheckResult]:
+        prompt, n = ctx.cfg.prompts.determinism, ctx.cfg.run.n_predict
+        d = {k: ctx.dir(f"determinism-{k}") for k in ("first", "cold", "threads")}
+        first = ctx.run("determinism first", ctx.engine_args(prompt, d["first"], n_predict=n))
+        if not first.ok:
+            return run_failed(NAME, names, first, "first run: ")
+        dropped = drop_page_cache(ctx.model_path)
+        cold = ctx.run("determinism cold", ctx.engine_args(prompt, d["cold"], n_predict=n))
+        other = ctx.run("determinism threads",
+                        ctx.engine_args(prompt, d["threads"], n_predict=n, threads=ctx.threads_alt))
+        results = []
+        for name, run, key, what in ((names[0], cold, "cold", "after the page cache was dropped"),
+                                     (names[1], other, "threads", f"with -t {ctx.threads_alt}")):
+            if not run.ok:
+                results += run_failed(NAME, [name], run, f"run {what}: ")
+                continue
+            results.append(self.compare(ctx, name, first, run, d["first"], d[key], what,
+                                        {"page_cache_dropped": dropped} if key == "cold" else
+                                        {"threads": ctx.threads, "threads_other": ctx.threads_alt}))
+        return results
+
+    def compare(self, ctx, name, a, b, da, db, what, props) -> CheckResult:
+        t0 = time.perf_counter()
+        secs = a.seconds + b.seconds
+        tail = b.stderr_tail()
+        details = f"first: {a.command_line()}\nsecond: {b.command_line()}"
+        try:
+            la, lb = read_logits(da / "logits.bin"), read_logits(db / "logits.bin")
+            ca, cb = stats_counters(read_stats(da / "stats.jsonl")), stats_counters(read_stats(db / "stats.jsonl"))
+        except ContractError as e:
+            return CheckResult(NAME, name, FAIL, f"output unusable: {e}", props, secs, tail, details)
+        diff = compare_logits(la, lb)
+        props = {**props, **diff.props(), "counters": len(ca)}
+        problems = []
+        if la.shape[0] == 0:
+            problems.append("no logits to compare")
+        if not diff.identical:
+            problems.append(f"logits not byte-identical {what}: {diff.text()}")
+        if a.stdout != b.stdout:
+            problems.append(f"generated text differs {what}")
+        cd = counter_diff(ca, cb)
+        if not ca:
+            problems.append("stats have no counters to compare")
+        if cd:
+            props["counters_differ"] = cd
+            problems.append(f"counters differ {what}: {'; '.join(cd[:4])}")
+        secs += time.perf_counter() - t0
+        if problems:
+            return CheckResult(NAME, name, FAIL, "; ".join(problems), props, secs, tail, details)
+        return CheckResult(NAME, name, PASS, f"{diff.text()}, text equal, {len(ca)} counters identical {what}",
+                           props, secs, tail, details)
+
+
+SUITE = DeterminismSuite()

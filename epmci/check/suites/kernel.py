@@ -1,0 +1,108 @@
+"""Layer 1, kernel: one expert through the engine's paged path (--selftest) vs the reference
+expert forward, for (layer, expert) pairs covering every expert quant-type combination,
+every expert size, the first and last layer, and experts at both ends of the tensor.
+
+Catches: a wrong dequantization or dot product for one quant type (e.g. a Q6_K scale), an
+expert read from the wrong offset or with the wrong length (the slot's sha256 is compared
+with the file's bytes, and the culprit expert is named when found).
+"""
+
+from __future__ import annotations
+
+import time
+
+from ...contract_io import ContractError, read_selftest
+from ...reference.moe import expert_forward
+from ..compare import compare_arrays
+from ..context import CheckContext, ModelFacts
+from ..result import FAIL, PASS, CheckResult
+from .base import Task, run_failed
+
+NAME = "kernel"
+
+
+def auto_pairs(facts: ModelFacts) -> list[tuple[int, int]]:
+    layers: list[int] = [0]
+    seen_types, seen_sizes = set(), set()
+    for il in range(facts.n_layer):
+        new = facts.types[il] not in seen_types or facts.expert_bytes[il] not in seen_sizes
+        seen_types.add(facts.types[il])
+        seen_sizes.add(facts.expert_bytes[il])
+        if new and il not in layers:
+            layers.append(il)
+    if facts.n_layer - 1 not in layers:
+        layers.append(facts.n_layer - 1)
+    experts = sorted({0, facts.n_expert - 1})
+    return [(il, e) for il in sorted(layers) for e in experts]
+
+
+class KernelSuite:
+    name = NAME
+    title = "kernel: one expert through the paged path (--selftest) vs the reference"
+    description = __doc__
+
+    def pairs(self, ctx: CheckContext) -> list[tuple[int, int]]:
+        p = ctx.cfg.kernel.pairs
+        return auto_pairs(ctx.facts) if isinstance(p, str) else [tuple(x) for x in p]
+
+    def plan(self, ctx: CheckContext) -> list[Task | CheckResult]:
+        out: list[Task | CheckResult] = []
+        for il, e in self.pairs(ctx):
+            name = f"L{il} E{e}"
+            if not (0 <= il < ctx.facts.n_layer and 0 <= e < ctx.facts.n_expert):
+                out.append(CheckResult(NAME, name, FAIL, f"kernel.pairs: ({il}, {e}) is not in the model "
+                                       f"({ctx.facts.n_layer} layers x {ctx.facts.n_expert} experts)"))
+                continue
+            out.append(Task(NAME, name, lambda il=il, e=e, name=name: [self.check(ctx, il, e, name)],
+                            names=[name], cost=1.0))
+        return out
+
+    def check(self, ctx: CheckContext, il: int, e: int, name: str) -> CheckResult:
+        rows = ctx.cfg.kernel.rows
+        tol = ctx.cfg.kernel.tolerance
+        d = ctx.dir(f"kernel-L{il}-E{e}")
+        out = d / "selftest.bin"
+        args = ["-m", str(ctx.model_path), "-t", str(ctx.threads), "-c", str(ctx.cfg.engine.ctx),
+                "-b", str(ctx.cfg.run.batch), "--arena-mb", f"{ctx.arena_mb():.6f}",
+                "--selftest", f"{il}:{e}:{rows}:{out}"]
+        run = ctx.run(f"kernel {name}", args)
+        if not run.ok:
+            return run_failed(NAME, [name], run)[0]
+        t0 = time.perf_counter()
+        facts = ctx.facts
+        where = f"L{il} E{e} ({facts.describe_layer(il)})"
+        props = {"layer": il, "expert": e, "expert_types": "/".join(facts.types[il]),
+                 "expert_bytes": facts.expert_bytes[il], "rows": rows, "atol": tol.atol, "rtol": tol.rtol}
+
+        def result(status: str, msg: str) -> CheckResult:
+            return CheckResult(NAME, name, status, msg, props, run.seconds + time.perf_counter() - t0,
+                               run.stderr_tail(), f"command: {run.command_line()}")
+
+        if run.slot_errors:
+            return result(FAIL, f"{where}: engine reported a slot error: {run.slot_errors[0]}")
+        try:
+            st = read_selftest(out, layer=il, expert=e, n_rows=rows, n_embd=facts.n_embd)
+        except ContractError as err:
+            return result(FAIL, f"{where}: selftest output unusable: {err}")
+        problems = []
+        want = ctx.expert_sha256(il, e)
+        props["slot_sha256"] = st.slot_sha256.hex()
+        props["file_sha256"] = want.hex()
+        if st.slot_sha256 != want:
+            found = ctx.find_expert_by_sha(st.slot_sha256, facts.expert_bytes[il])
+            holds = (f"it holds the bytes of L{found[0]} E{found[1]}" if found else
+                     "they match no expert of the file (wrong offset, length or a torn read)")
+            props["slot_holds"] = f"L{found[0]} E{found[1]}" if found else "unknown"
+            problems.append(f"slot bytes differ from the file's expert bytes "
+                            f"(sha256 {st.slot_sha256.hex()[:12]} vs {want.hex()[:12]}): {holds}")
+        ref = expert_forward(ctx.mf, il, e, st.x)
+        diff = compare_arrays(st.y, ref, tol)
+        props.update(diff.props())
+        if not diff.ok:
+            problems.append(f"expert output differs from the reference expert forward: {diff.text(tol)}")
+        if problems:
+            return result(FAIL, f"{where}: " + "; ".join(problems))
+        return result(PASS, f"{where}: slot bytes match the file, output {diff.text(tol)}")
+
+
+SUITE = KernelSuite()

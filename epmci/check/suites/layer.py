@@ -1,0 +1,86 @@
+"""Layer 2, layer: a real multi-token prompt with SDQ_MOE_DUMP (demand paging, prefetch
+off); for the first, middle and last layer and every layer whose expert size differs from a
+neighbour's, the reference recomputes routing and output from the dumped input.
+
+Catches what a single expert cannot: multi-token micro-batches, routing and its weights,
+the weighted sum, and paging faults in the engine's real forward (a wrong offset for some
+experts, a slot of the wrong size for the layers where the expert size changes).
+"""
+
+from __future__ import annotations
+
+from ...contract_io import ContractError, read_logits
+from ..context import CheckContext, ModelFacts
+from ..moe_check import check_dump
+from ..result import FAIL, CheckResult
+from .base import Task, run_failed
+
+NAME = "layer"
+
+
+def auto_layers(facts: ModelFacts) -> list[int]:
+    n = facts.n_layer
+    layers = {0, n // 2, n - 1}
+    eb = facts.expert_bytes
+    for il in range(n):
+        if (il > 0 and eb[il] != eb[il - 1]) or (il + 1 < n and eb[il] != eb[il + 1]):
+            layers.add(il)
+    return sorted(layers)
+
+
+def check_layers(ctx: CheckContext) -> list[int]:
+    ls = ctx.cfg.layer.layers
+    return auto_layers(ctx.facts) if isinstance(ls, str) else sorted(set(ls))
+
+
+def dump_results(ctx: CheckContext, suite: str, names: dict[int, str], run, out, expect_rows: int | None,
+                 extra_props: dict | None = None) -> list[CheckResult]:
+    details = f"command: {run.command_line()}"
+    return [check_dump(ctx, suite, name, out / f"moe.{il}", il,
+                       ctx.cfg.layer.tolerance, expect_rows, run.seconds, run.stderr_tail(), details,
+                       extra_props)
+            for il, name in names.items()]
+
+
+def evaluated_rows(out) -> tuple[int | None, str | None]:
+    """Positions the run evaluated, from its logits file (one row per position)."""
+    try:
+        return int(read_logits(out / "logits.bin").shape[0]), None
+    except ContractError as e:
+        return None, str(e)
+
+
+class LayerSuite:
+    name = NAME
+    title = "layer: whole MoE layers of a real prompt (MoE dump) vs the reference"
+    description = __doc__
+
+    def plan(self, ctx: CheckContext) -> list[Task | CheckResult]:
+        layers = check_layers(ctx)
+        bad = [l for l in layers if not 0 <= l < ctx.facts.n_layer]
+        if bad:
+            return [CheckResult(NAME, f"L{l}", FAIL, f"layer.layers: layer {l} is not in the model "
+                                f"({ctx.facts.n_layer} layers)") for l in bad]
+        names = {il: f"L{il}" for il in layers}
+        return [Task(NAME, "layer dump", lambda: self.check(ctx, names), names=list(names.values()),
+                     cost=1.5)]
+
+    def check(self, ctx: CheckContext, names: dict[int, str]) -> list[CheckResult]:
+        out = ctx.dir("layer")
+        args = ctx.engine_args(ctx.cfg.prompts.layer, out, n_predict=ctx.cfg.run.n_predict, prefetch=False)
+        run = ctx.run("layer", args, env={"SDQ_MOE_DUMP": str(out / "moe"), "SDQ_PREFETCH": "0"})
+        if not run.ok:
+            return run_failed(NAME, list(names.values()), run)
+        rows, err = evaluated_rows(out)
+        if err:
+            return [CheckResult(NAME, n, FAIL, f"logits unusable: {err}", {}, run.seconds, run.stderr_tail())
+                    for n in names.values()]
+        results = dump_results(ctx, NAME, names, run, out, rows)
+        if run.slot_errors:
+            for r in results:
+                r.status = FAIL
+                r.message = f"engine reported a slot error: {run.slot_errors[0]}; " + r.message
+        return results
+
+
+SUITE = LayerSuite()

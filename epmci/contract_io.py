@@ -1,0 +1,208 @@
+"""Readers of what an engine writes under docs/engine-contract.md: logits, MoE dumps,
+selftest files, stats JSONL and SLOT-ERROR lines.
+
+Every reader validates sizes and headers and raises ContractError with the file and what is
+wrong; a check turns that into a failure ("unparsable output"), never a pass.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+MOE_DUMP_MAGIC = b"EPMD"
+SELFTEST_MAGIC = b"EPMS"
+VERSION = 1
+SLOT_ERROR_PREFIX = "[epm] SLOT-ERROR"
+# Stats fields that are timings or process measurements; every other field is an exact counter.
+STATS_TIMING_FIELDS = frozenset({"seconds", "tok_s", "io_wait_s", "peak_rss_mb", "vm_swap_mb"})
+
+
+class ContractError(Exception):
+    """An engine output file is missing or does not follow the contract."""
+
+    def __init__(self, path: object, problem: str):
+        self.path, self.problem = str(path), problem
+        super().__init__(f"{Path(self.path).name}: {problem}")
+
+
+def _read(path: str | os.PathLike) -> bytes:
+    p = Path(path)
+    if not p.exists():
+        raise ContractError(p, "missing (the engine did not write it)")
+    return p.read_bytes()
+
+
+# ------------------------------------------------------------------------ logits
+
+def read_logits(path: str | os.PathLike) -> np.ndarray:
+    """int32 n_vocab, then float32[rows][n_vocab] -> (rows, n_vocab)."""
+    b = _read(path)
+    if len(b) < 4:
+        raise ContractError(path, f"logits file of {len(b)} bytes has no header")
+    (n_vocab,) = struct.unpack_from("<i", b, 0)
+    if n_vocab <= 0:
+        raise ContractError(path, f"bad n_vocab {n_vocab}")
+    body = len(b) - 4
+    if body % (4 * n_vocab):
+        raise ContractError(path, f"{body} bytes of logits is not a whole number of rows of {n_vocab}")
+    return np.frombuffer(b, dtype="<f4", offset=4).reshape(-1, n_vocab)
+
+
+# ------------------------------------------------------------------------ MoE dump
+
+@dataclass
+class MoERecord:
+    layer: int
+    h: np.ndarray         # (n, n_embd) float32
+    selected: np.ndarray  # (n, k) int32
+    weights: np.ndarray   # (n, k) float32
+    out: np.ndarray       # (n, n_embd) float32
+
+
+@dataclass
+class MoEDump:
+    layer: int
+    records: list[MoERecord]
+
+    @property
+    def n_rows(self) -> int:
+        return sum(len(r.h) for r in self.records)
+
+    def concat(self) -> MoERecord:
+        """All micro-batches as one record (the MoE block is row-independent)."""
+        if not self.records:
+            raise ValueError("empty dump")
+        cat = lambda name: np.concatenate([getattr(r, name) for r in self.records])
+        return MoERecord(self.layer, cat("h"), cat("selected"), cat("weights"), cat("out"))
+
+
+def read_moe_dump(path: str | os.PathLike, layer: int | None = None,
+                  n_embd: int | None = None, k: int | None = None) -> MoEDump:
+    """PREFIX.L: a sequence of records (see the contract). Checks each header against the
+    expected layer / n_embd / k when given."""
+    b = _read(path)
+    recs: list[MoERecord] = []
+    pos, hdr = 0, 4 + 5 * 4
+    while pos < len(b):
+        if len(b) - pos < hdr:
+            raise ContractError(path, f"truncated record header at byte {pos}")
+        if b[pos:pos + 4] != MOE_DUMP_MAGIC:
+            raise ContractError(path, f"bad magic {b[pos:pos + 4]!r} at byte {pos} (expected {MOE_DUMP_MAGIC!r})")
+        version, lay, n, e, kk = struct.unpack_from("<5I", b, pos + 4)
+        if version != VERSION:
+            raise ContractError(path, f"record at byte {pos}: version {version}, expected {VERSION}")
+        for name, got, want in (("layer", lay, layer), ("n_embd", e, n_embd), ("k", kk, k)):
+            if want is not None and got != want:
+                raise ContractError(path, f"record at byte {pos}: {name} {got}, expected {want}")
+        if n == 0 or e == 0 or kk == 0:
+            raise ContractError(path, f"record at byte {pos}: empty (n_rows {n}, n_embd {e}, k {kk})")
+        size = 4 * (n * e + n * kk + n * kk + n * e)
+        if len(b) - pos - hdr < size:
+            raise ContractError(path, f"record at byte {pos}: truncated ({len(b) - pos - hdr} of {size} bytes)")
+        a = pos + hdr
+        h = np.frombuffer(b, "<f4", n * e, a).reshape(n, e)
+        a += 4 * n * e
+        sel = np.frombuffer(b, "<i4", n * kk, a).reshape(n, kk)
+        a += 4 * n * kk
+        w = np.frombuffer(b, "<f4", n * kk, a).reshape(n, kk)
+        a += 4 * n * kk
+        out = np.frombuffer(b, "<f4", n * e, a).reshape(n, e)
+        recs.append(MoERecord(lay, h, sel, w, out))
+        pos = a + 4 * n * e
+    if not recs:
+        raise ContractError(path, "empty dump (no records)")
+    return MoEDump(recs[0].layer, recs)
+
+
+# ------------------------------------------------------------------------ selftest
+
+@dataclass
+class Selftest:
+    layer: int
+    expert: int
+    slot_sha256: bytes
+    x: np.ndarray   # (n_rows, n_embd)
+    y: np.ndarray   # (n_rows, n_embd)
+
+
+def read_selftest(path: str | os.PathLike, layer: int | None = None, expert: int | None = None,
+                  n_rows: int | None = None, n_embd: int | None = None) -> Selftest:
+    b = _read(path)
+    hdr = 4 + 5 * 4 + 32
+    if len(b) < hdr:
+        raise ContractError(path, f"{len(b)} bytes: shorter than the header")
+    if b[:4] != SELFTEST_MAGIC:
+        raise ContractError(path, f"bad magic {b[:4]!r} (expected {SELFTEST_MAGIC!r})")
+    version, lay, exp, n, e = struct.unpack_from("<5I", b, 4)
+    if version != VERSION:
+        raise ContractError(path, f"version {version}, expected {VERSION}")
+    for name, got, want in (("layer", lay, layer), ("expert", exp, expert),
+                            ("n_rows", n, n_rows), ("n_embd", e, n_embd)):
+        if want is not None and got != want:
+            raise ContractError(path, f"{name} {got}, expected {want}")
+    size = 2 * 4 * n * e
+    if len(b) != hdr + size:
+        raise ContractError(path, f"{len(b)} bytes, expected {hdr + size} for {n} rows of {e}")
+    if n == 0:
+        raise ContractError(path, "no rows")
+    sha = b[24:56]
+    x = np.frombuffer(b, "<f4", n * e, hdr).reshape(n, e)
+    y = np.frombuffer(b, "<f4", n * e, hdr + 4 * n * e).reshape(n, e)
+    return Selftest(lay, exp, sha, x, y)
+
+
+# ------------------------------------------------------------------------ stats
+
+def read_stats(path: str | os.PathLike) -> list[dict]:
+    """One JSON object per line, each with a `phase`."""
+    b = _read(path)
+    out = []
+    for i, line in enumerate(b.decode("utf-8", "replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ContractError(path, f"line {i} is not JSON ({e.msg})") from None
+        if not isinstance(rec, dict) or not isinstance(rec.get("phase"), str):
+            raise ContractError(path, f"line {i} has no phase")
+        out.append(rec)
+    if not out:
+        raise ContractError(path, "no records")
+    return out
+
+
+def stats_counters(records: list[dict]) -> dict[str, object]:
+    """`phase.field` -> value for every exact counter (timings left out)."""
+    out: dict[str, object] = {}
+    for r in records:
+        for k, v in r.items():
+            if k != "phase" and k not in STATS_TIMING_FIELDS:
+                out[f"{r['phase']}.{k}"] = v
+    return out
+
+
+def stats_total(records: list[dict], name: str) -> float:
+    """Sum of a counter over phases; ContractError when no phase reports it."""
+    vals = [r[name] for r in records if name in r]
+    if not vals:
+        raise ContractError("stats", f"no phase reports {name!r}")
+    return sum(vals)
+
+
+# ------------------------------------------------------------------------ stderr
+
+def slot_errors(stderr: str) -> list[str]:
+    return [l.strip() for l in stderr.splitlines() if l.startswith(SLOT_ERROR_PREFIX)]
+
+
+def engine_error_line(stderr: str) -> str | None:
+    """The engine's one-line `epm-engine: error: ...` (exit 2), if any (last one wins)."""
+    lines = [l.strip() for l in stderr.splitlines() if ": error: " in l]
+    return lines[-1] if lines else None

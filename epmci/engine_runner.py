@@ -1,0 +1,177 @@
+"""Run an engine as a subprocess through docs/engine-contract.md, always with a timeout.
+
+The engine is a command line: the bundled engine is `python -m engine`; `--engine-cmd`
+(or engine.cmd in epmci.yaml) names any binary that speaks the contract. The inherited
+SDQ_* environment is dropped so a developer's shell cannot change what a check runs.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .contract_io import engine_error_line, slot_errors
+from .errors import InputError
+
+STDERR_TAIL_LINES = 30
+STDERR_TAIL_CHARS = 4000
+
+
+@dataclass(frozen=True)
+class EngineCommand:
+    argv: tuple[str, ...]
+    bundled: bool
+    env: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def from_setting(cls, cmd: str | list[str] | None, env: dict | None = None) -> "EngineCommand":
+        """None -> the bundled engine; a string is shlex-split; a list is taken as is."""
+        env_t = tuple(sorted((env or {}).items()))
+        if cmd is None:
+            return cls((sys.executable, "-m", "engine"), True, env_t)
+        argv = shlex.split(cmd) if isinstance(cmd, str) else [str(c) for c in cmd]
+        if not argv:
+            raise InputError("engine command", "empty")
+        return cls(tuple(argv), False, env_t)
+
+    def describe(self) -> str:
+        return "bundled engine (python -m engine)" if self.bundled else shlex.join(self.argv)
+
+
+@dataclass
+class EngineRun:
+    label: str
+    argv: list[str]
+    env_extra: dict[str, str]
+    returncode: int | None
+    stdout: bytes
+    stderr: str
+    seconds: float
+    timeout: float
+    timed_out: bool = False
+    launch_error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out and self.launch_error is None
+
+    @property
+    def slot_errors(self) -> list[str]:
+        return slot_errors(self.stderr)
+
+    def failure(self) -> str | None:
+        """Why the run did not succeed, in one line; None if it exited 0."""
+        if self.launch_error:
+            return f"engine could not be started: {self.launch_error}"
+        if self.timed_out:
+            return f"engine timed out after {self.timeout:g} s (killed)"
+        if self.returncode == 0:
+            return None
+        if self.returncode == 2:
+            line = engine_error_line(self.stderr) or _last_line(self.stderr) or "no message"
+            return f"engine refused to run (exit 2): {line}"
+        rc = self.returncode
+        if rc is not None and rc < 0:
+            try:
+                name = signal.Signals(-rc).name
+            except ValueError:
+                name = f"signal {-rc}"
+            return f"engine crashed ({name})"
+        return f"engine crashed (exit {rc}): {_last_line(self.stderr) or 'no message'}"
+
+    def stderr_tail(self) -> str:
+        return tail(self.stderr)
+
+    def command_line(self) -> str:
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env_extra.items()))
+        return (env + " " if env else "") + shlex.join(self.argv)
+
+
+def tail(text: str, lines: int = STDERR_TAIL_LINES, chars: int = STDERR_TAIL_CHARS) -> str:
+    t = "\n".join(text.rstrip().splitlines()[-lines:])
+    return t[-chars:]
+
+
+def _last_line(text: str) -> str:
+    lines = [l.strip() for l in text.strip().splitlines() if l.strip()]
+    return lines[-1][:300] if lines else ""
+
+
+def base_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """os.environ without SDQ_* (engine knobs), plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SDQ_")}
+    env.update(extra or {})
+    return env
+
+
+def run_engine(cmd: EngineCommand, args: list[str], *, timeout: float, label: str = "",
+               env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None) -> EngineRun:
+    """Run `cmd args` with the contract's environment; never raises for engine failures."""
+    argv = [*cmd.argv, *[str(a) for a in args]]
+    extra = dict(cmd.env)
+    extra.update(env or {})
+    full_env = base_env(extra)
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, env=full_env, cwd=cwd, start_new_session=True)
+    except OSError as e:
+        return EngineRun(label, argv, extra, None, b"", "", time.perf_counter() - t0, timeout,
+                         launch_error=f"{type(e).__name__}: {e}")
+    timed_out = False
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        _kill_group(p)
+        out, err = p.communicate()
+    except BaseException:
+        _kill_group(p)
+        p.communicate()
+        raise
+    return EngineRun(label, argv, extra, p.returncode, out, err.decode("utf-8", "replace"),
+                     time.perf_counter() - t0, timeout, timed_out)
+
+
+def _kill_group(p: subprocess.Popen) -> None:
+    """Kill the engine and whatever it started (it leads its own session)."""
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        try:
+            p.kill()
+        except ProcessLookupError:
+            pass
+
+
+def drop_page_cache(path: str | os.PathLike) -> bool:
+    """posix_fadvise(DONTNEED) over the whole file: its clean pages leave the page cache."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        return True
+    except (OSError, AttributeError):
+        return False
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class RunDir:
+    """A directory for one engine run's output files."""
+    path: Path
+    files: dict[str, Path] = field(default_factory=dict)
+
+    def file(self, name: str) -> Path:
+        p = self.path / name
+        self.files[name] = p
+        return p
