@@ -1,0 +1,92 @@
+"""Layer 5, end-to-end A/B: each prompt (single-token ones included) generated with the pager
+and with --no-pager (experts read in place from the mapped file); the logits of every
+position and the generated text are compared. The bundled engine must be byte-exact (the
+two paths differ only in where expert bytes come from); an external engine is compared with
+e2e.compare: exact | argmax | kl (max KL divergence e2e.max_kl).
+
+Catches wiring faults the other layers cannot see: a layer skipped or computed twice, a
+wrong KV position across micro-batches, state leaking between tokens.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ...contract_io import ContractError, read_logits, read_stats
+from ..compare import compare_logits, logits_verdict
+from ..context import CheckContext
+from ..result import FAIL, PASS, SKIP, CheckResult
+from .base import Task, run_failed
+
+NAME = "e2e"
+
+
+def prompt_label(i: int, prompt: str) -> str:
+    p = prompt if len(prompt) <= 24 else prompt[:21] + "..."
+    return f"prompt {i + 1} {p!r}"
+
+
+class E2ESuite:
+    name = NAME
+    title = "e2e A/B: paged vs --no-pager, logits of every position"
+    description = __doc__
+
+    def mode(self, ctx: CheckContext) -> str:
+        return "exact" if ctx.engine.bundled else ctx.cfg.e2e.compare
+
+    def plan(self, ctx: CheckContext) -> list[Task | CheckResult]:
+        if ctx.cfg.fast:
+            return [CheckResult(NAME, "e2e A/B", SKIP,
+                                f"skipped by --fast ({len(ctx.cfg.prompts.e2e)} prompts paged vs --no-pager "
+                                f"not run; equivalence rests on the kernel, layer, prefetch-stress and "
+                                f"determinism layers)", {"skipped_by": "--fast"})]
+        return [Task(NAME, prompt_label(i, p), lambda i=i, p=p: [self.check(ctx, i, p)],
+                     names=[prompt_label(i, p)], cost=2.0)
+                for i, p in enumerate(ctx.cfg.prompts.e2e)]
+
+    def check(self, ctx: CheckContext, i: int, prompt: str) -> CheckResult:
+        name = prompt_label(i, prompt)
+        n = ctx.cfg.e2e.n_predict
+        da, db = ctx.dir(f"e2e-{i}-resident"), ctx.dir(f"e2e-{i}-paged")
+        resident = ctx.run(f"e2e {i} --no-pager", ctx.engine_args(prompt, da, n_predict=n, pager=False))
+        if not resident.ok:
+            return run_failed(NAME, [name], resident, "--no-pager run: ")[0]
+        paged = ctx.run(f"e2e {i} paged", ctx.engine_args(prompt, db, n_predict=n))
+        if not paged.ok:
+            return run_failed(NAME, [name], paged, "paged run: ")[0]
+        t0 = time.perf_counter()
+        mode, max_kl = self.mode(ctx), ctx.cfg.e2e.max_kl
+        secs = resident.seconds + paged.seconds
+        details = f"--no-pager: {resident.command_line()}\npaged: {paged.command_line()}"
+        props = {"mode": mode, "prompt": prompt}
+        if mode == "kl":
+            props["max_kl_allowed"] = max_kl
+
+        def result(status, msg):
+            return CheckResult(NAME, name, status, msg, props, secs + time.perf_counter() - t0,
+                               paged.stderr_tail(), details)
+
+        try:
+            la, lb = read_logits(da / "logits.bin"), read_logits(db / "logits.bin")
+            prefill = [r for r in read_stats(db / "stats.jsonl") if r["phase"] == "prefill"]
+            props["prompt_tokens"] = prefill[0].get("tokens") if prefill else None
+        except ContractError as e:
+            return result(FAIL, f"output unusable: {e}")
+        if paged.slot_errors:
+            return result(FAIL, f"engine reported a slot error: {paged.slot_errors[0]}")
+        diff = compare_logits(la, lb)
+        props.update(diff.props())
+        same_text = resident.stdout == paged.stdout
+        props["text_equal"] = same_text
+        ok = logits_verdict(diff, mode, max_kl)
+        if diff.rows_a == 0:
+            return result(FAIL, "empty comparison: no logits rows")
+        if mode == "exact" and not same_text:
+            ok = False
+        what = f"{props['prompt_tokens']}-token prompt, {diff.text()}, text {'equal' if same_text else 'differs'}"
+        if ok:
+            return result(PASS, f"{mode}: {what}")
+        return result(FAIL, f"paged differs from --no-pager ({mode}): {what}")
+
+
+SUITE = E2ESuite()
