@@ -1,0 +1,78 @@
+"""Machine fingerprint: what timing figures depend on, so baselines are compared like with like."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+from pathlib import Path
+
+# Keys that must agree for tok/s to be comparable; the others are reported only.
+TIMING_KEYS = ("cpu_model", "cpu_flags_sha256", "n_cpus", "mem_total_gib", "fs_type")
+
+
+def _cpuinfo() -> dict[str, str]:
+    info: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if ":" in line:
+                k, v = (s.strip() for s in line.split(":", 1))
+                info.setdefault(k, v)
+    except OSError:
+        pass
+    return info
+
+
+def _mem_total_gib() -> float:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return round(int(line.split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    return 0.0
+
+
+def _mount_of(path: Path) -> tuple[str, str]:
+    """(fs type, device) of the mount holding path, from /proc/mounts (longest prefix)."""
+    best = ("", "", "")
+    try:
+        p = str(path.resolve())
+        for line in Path("/proc/mounts").read_text().splitlines():
+            dev, mnt, fstype = line.split()[:3]
+            if (p == mnt or p.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best[1]):
+                best = (dev, mnt, fstype)
+    except OSError:
+        pass
+    return best[2], best[0]
+
+
+def _disk_model(device: str) -> str:
+    name = Path(device).name
+    for cand in (name, name.rstrip("0123456789"), name.split("p")[0] if name.startswith("nvme") else name):
+        p = Path("/sys/block") / cand / "device" / "model"
+        if p.exists():
+            return p.read_text().strip()
+    return ""
+
+
+def fingerprint(model_dir: str | os.PathLike = ".") -> dict:
+    cpu = _cpuinfo()
+    flags = sorted(cpu.get("flags", "").split())
+    fs_type, device = _mount_of(Path(model_dir))
+    return {
+        "cpu_model": cpu.get("model name", platform.processor() or platform.machine()),
+        "cpu_flags_sha256": hashlib.sha256(" ".join(flags).encode()).hexdigest()[:16],
+        "cpu_flags_simd": [f for f in flags if f.startswith(("avx", "amx", "fma", "f16c", "sse4"))],
+        "n_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "mem_total_gib": _mem_total_gib(),
+        "kernel": platform.release(),
+        "fs_type": fs_type,
+        "disk": _disk_model(device) or device,
+    }
+
+
+def mismatches(recorded: dict, current: dict) -> list[str]:
+    """Timing-relevant keys on which two fingerprints differ, as 'key: recorded != current'."""
+    return [f"{k}: {recorded.get(k)!r} != {current.get(k)!r}"
+            for k in TIMING_KEYS if recorded.get(k) != current.get(k)]

@@ -1,0 +1,135 @@
+"""Noise-aware comparison of timing samples: Mann-Whitney U, bootstrap intervals, verdicts.
+
+Shared runners are noisy, so a tok/s change is called only when it is both statistically
+clear (p < alpha) and large enough to matter (|effect| >= min_effect). Everything here is
+deterministic: bootstrap resampling uses a fixed seed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from itertools import combinations
+
+import numpy as np
+
+SAME, DIFFERENT, UNKNOWN = "SAME", "DIFFERENT", "UNKNOWN"
+EXACT_LIMIT = 20000  # enumerate the exact U distribution up to this many splits
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+    """Average ranks (1-based), ties share the mean rank."""
+    order = np.argsort(x, kind="stable")
+    ranks = np.empty(len(x), dtype=np.float64)
+    sx = x[order]
+    i = 0
+    while i < len(x):
+        j = i
+        while j + 1 < len(x) and sx[j + 1] == sx[i]:
+            j += 1
+        ranks[order[i:j + 1]] = (i + j) / 2.0 + 1.0
+        i = j + 1
+    return ranks
+
+
+def mann_whitney_u(a, b) -> tuple[float, float]:
+    """Two-sided Mann-Whitney U test: (U of a, p-value).
+
+    Exact permutation distribution of the rank sum when small enough (ties included,
+    since the ranks are permuted as they are), else the normal approximation with tie
+    correction and continuity correction.
+    """
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    n1, n2 = len(a), len(b)
+    if n1 == 0 or n2 == 0:
+        raise ValueError("Mann-Whitney U needs samples on both sides")
+    ranks = _ranks(np.concatenate([a, b]))
+    r1 = ranks[:n1].sum()
+    u1 = r1 - n1 * (n1 + 1) / 2.0
+    mu = n1 * n2 / 2.0
+    if math.comb(n1 + n2, n1) <= EXACT_LIMIT:
+        sums = np.array([ranks[list(c)].sum() for c in combinations(range(n1 + n2), n1)])
+        us = sums - n1 * (n1 + 1) / 2.0
+        dev = abs(u1 - mu)
+        p = float(np.mean(np.abs(us - mu) >= dev - 1e-9))
+        return float(u1), min(1.0, p)
+    _, counts = np.unique(ranks, return_counts=True)
+    n = n1 + n2
+    tie = (counts**3 - counts).sum() / (n * (n - 1))
+    sigma = math.sqrt(n1 * n2 / 12.0 * ((n + 1) - tie))
+    if sigma == 0:
+        return float(u1), 1.0
+    z = (abs(u1 - mu) - 0.5) / sigma
+    p = math.erfc(max(z, 0.0) / math.sqrt(2.0))
+    return float(u1), min(1.0, p)
+
+
+def bootstrap_ci(stat, samples: list[np.ndarray], level: float = 0.95, n_boot: int = 2000,
+                 seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of stat(*resampled samples)."""
+    rng = np.random.default_rng(seed)
+    vals = np.empty(n_boot)
+    for i in range(n_boot):
+        vals[i] = stat(*(s[rng.integers(0, len(s), len(s))] for s in samples))
+    lo, hi = np.quantile(vals, [(1 - level) / 2, 1 - (1 - level) / 2])
+    return float(lo), float(hi)
+
+
+@dataclass
+class Comparison:
+    verdict: str          # SAME | DIFFERENT | UNKNOWN
+    baseline: float       # median of the baseline samples
+    current: float        # median of the current samples
+    ratio: float          # current / baseline
+    p_value: float
+    ci: tuple[float, float]  # interval of the ratio
+    n_baseline: int
+    n_current: int
+
+    @property
+    def regressed(self) -> bool:
+        """tok/s got worse: a DIFFERENT verdict with ratio below 1."""
+        return self.verdict == DIFFERENT and self.ratio < 1.0
+
+
+def _verdict(p: float, ci: tuple[float, float], ratio: float, alpha: float, min_effect: float) -> str:
+    if p < alpha and abs(ratio - 1.0) >= min_effect:
+        return DIFFERENT
+    if 1.0 - min_effect < ci[0] and ci[1] < 1.0 + min_effect:
+        return SAME
+    return UNKNOWN
+
+
+def compare_samples(baseline, current, alpha: float = 0.05, min_effect: float = 0.05) -> Comparison:
+    """Unpaired comparison (current run vs golden samples recorded earlier)."""
+    b, c = np.asarray(baseline, dtype=np.float64), np.asarray(current, dtype=np.float64)
+    _, p = mann_whitney_u(c, b)
+    mb, mc = float(np.median(b)), float(np.median(c))
+    ratio = mc / mb if mb > 0 else math.inf
+    ci = bootstrap_ci(lambda x, y: np.median(y) / np.median(x), [b, c])
+    return Comparison(_verdict(p, ci, ratio, alpha, min_effect), mb, mc, ratio, p, ci, len(b), len(c))
+
+
+def sign_test_p(x) -> float:
+    """Two-sided exact sign test of log-ratios around 0 (paired ABAB runs)."""
+    x = np.asarray(x)
+    pos, neg = int((x > 0).sum()), int((x < 0).sum())
+    n = pos + neg
+    if n == 0:
+        return 1.0
+    k = min(pos, neg)
+    p = 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n
+    return min(1.0, p)
+
+
+def compare_paired(base, head, alpha: float = 0.05, min_effect: float = 0.05) -> Comparison:
+    """Paired comparison of interleaved runs: ratio = median of head_i / base_i."""
+    b, h = np.asarray(base, dtype=np.float64), np.asarray(head, dtype=np.float64)
+    if len(b) != len(h) or len(b) == 0:
+        raise ValueError("paired comparison needs equally many base and head samples")
+    r = h / b
+    ratio = float(np.median(r))
+    ci = bootstrap_ci(np.median, [r])
+    p = sign_test_p(np.log(r))
+    return Comparison(_verdict(p, ci, ratio, alpha, min_effect), float(np.median(b)),
+                      float(np.median(h)), ratio, p, ci, len(b), len(h))
