@@ -88,18 +88,24 @@ def get_threads() -> int:
 
 # --------------------------------------------------------------------------- helpers
 
+# _POW2[e] = 2**(e - 25) (exact in float64); a frozen constant inside the kernels.
+_POW2 = np.array([2.0 ** (e - 25) for e in range(32)], dtype=np.float64)
+
+
 @njit(cache=True, inline="always")
 def _f16(lo, hi):
-    """IEEE binary16 (little-endian bytes lo, hi) -> float32, exact (incl. subnormals)."""
+    """IEEE binary16 (little-endian bytes lo, hi) -> float32, exact (incl. subnormals).
+
+    normal: (1024 + m) * 2**(e-25); subnormal: m * 2**-24 (= m * _POW2[1]); both exact."""
     h = np.int32(lo) | (np.int32(hi) << 8)
     e = (h >> 10) & 0x1F
     m = h & 0x3FF
     if e == 0:
-        v = math.ldexp(float(m), -24)
+        v = np.float64(m) * _POW2[1]
     elif e == 31:
         v = math.inf if m == 0 else math.nan
     else:
-        v = math.ldexp(float(m | 0x400), e - 25)
+        v = np.float64(m | 0x400) * _POW2[e]
     if h & 0x8000:
         v = -v
     return np.float32(v)
@@ -176,8 +182,7 @@ def _quantize_q8_0_raw(x):
             amax = np.float32(0.0)
             for j in range(QK8_0):
                 a = abs(np.float32(x[r, base + j]))
-                if a > amax:  # MAX(amax, fabsf(v))
-                    amax = a
+                amax = amax if amax > a else a  # MAX(amax, fabsf(v)) as the C macro
             dd = amax / c127
             idd = one / dd if dd != 0 else np.float32(0.0)
             for j in range(QK8_0):
@@ -264,71 +269,65 @@ def _unpack_q6_K_row(wr, nb, ws, xd):
 # ------------------------------------------------------------- per-row dot products
 
 @njit(cache=True, inline="always")
-def _dot_kquant(ws, xd, xm, mins, has_min, nb, yd, q8, bs, t):
-    """One output of ggml_vec_dot_q{4,5,6}_K_q8_K_generic (see module doc).
+def _rows_kquant(ws, xd, xm, mins, has_min, nb, d, qs, bsums, t, acc8, accf, out, r):
+    """out[j, r] for all activation rows j, each exactly ggml_vec_dot_q{4,5,6}_K_q8_K_generic.
 
-    ws: int16[nb*256] scale-premultiplied weights of the row; q8: int8[nb*256];
-    t: int32[256] scratch.  aux32[l] = sum of ws*q8 over positions = l (mod 8) of the
-    super-block, computed exactly (products into t, then lane sums).
+    ws: int16[nb*256] scale-premultiplied weights of row r (see module doc); t: int32[256]
+    scratch; acc8 float32[n, 8] (C: sums[8]) and accf float32[n] (C: sumf) hold each
+    output's float32 state while super-blocks are processed in order i = 0..nb-1.
+    aux32[l] = sum of ws*q8 over positions = l (mod 8) of a super-block, computed exactly
+    (products into t, then 8 lane sums).
     """
-    s0 = np.float32(0.0)
-    s1 = np.float32(0.0)
-    s2 = np.float32(0.0)
-    s3 = np.float32(0.0)
-    s4 = np.float32(0.0)
-    s5 = np.float32(0.0)
-    s6 = np.float32(0.0)
-    s7 = np.float32(0.0)
-    sumf = np.float32(0.0)
+    n = qs.shape[0]
+    for j in range(n):
+        accf[j] = np.float32(0.0)
+        for l in range(8):
+            acc8[j, l] = np.float32(0.0)
     for i in range(nb):
         w = ws[i * QK_K:(i + 1) * QK_K]
-        q = q8[i * QK_K:(i + 1) * QK_K]
-        for p in range(QK_K):
-            t[p] = np.int32(w[p]) * np.int32(q[p])
-        a0 = np.int32(0)
-        a1 = np.int32(0)
-        a2 = np.int32(0)
-        a3 = np.int32(0)
-        a4 = np.int32(0)
-        a5 = np.int32(0)
-        a6 = np.int32(0)
-        a7 = np.int32(0)
-        for g in range(QK_K // 8):
-            o = 8 * g
-            a0 += t[o]
-            a1 += t[o + 1]
-            a2 += t[o + 2]
-            a3 += t[o + 3]
-            a4 += t[o + 4]
-            a5 += t[o + 5]
-            a6 += t[o + 6]
-            a7 += t[o + 7]
-        d = np.float32(xd[i] * yd[i])
-        s0 = np.float32(s0 + np.float32(d * np.float32(a0)))
-        s1 = np.float32(s1 + np.float32(d * np.float32(a1)))
-        s2 = np.float32(s2 + np.float32(d * np.float32(a2)))
-        s3 = np.float32(s3 + np.float32(d * np.float32(a3)))
-        s4 = np.float32(s4 + np.float32(d * np.float32(a4)))
-        s5 = np.float32(s5 + np.float32(d * np.float32(a5)))
-        s6 = np.float32(s6 + np.float32(d * np.float32(a6)))
-        s7 = np.float32(s7 + np.float32(d * np.float32(a7)))
-        if has_min:
-            b = bs[i * 16:(i + 1) * 16]
-            m = mins[i * 8:(i + 1) * 8]
-            sumi = np.int32(0)
-            for j in range(QK_K // 16):
-                sumi += np.int32(b[j]) * m[j // 2]
-            dmin = np.float32(xm[i] * yd[i])
-            sumf = np.float32(sumf - np.float32(dmin * np.float32(sumi)))
-    sumf = np.float32(sumf + s0)
-    sumf = np.float32(sumf + s1)
-    sumf = np.float32(sumf + s2)
-    sumf = np.float32(sumf + s3)
-    sumf = np.float32(sumf + s4)
-    sumf = np.float32(sumf + s5)
-    sumf = np.float32(sumf + s6)
-    sumf = np.float32(sumf + s7)
-    return sumf
+        for j in range(n):
+            q = qs[j, i * QK_K:(i + 1) * QK_K]
+            for p in range(QK_K):
+                t[p] = np.int32(w[p]) * np.int32(q[p])
+            a0 = np.int32(0)
+            a1 = np.int32(0)
+            a2 = np.int32(0)
+            a3 = np.int32(0)
+            a4 = np.int32(0)
+            a5 = np.int32(0)
+            a6 = np.int32(0)
+            a7 = np.int32(0)
+            for g in range(QK_K // 8):
+                o = 8 * g
+                a0 += t[o]
+                a1 += t[o + 1]
+                a2 += t[o + 2]
+                a3 += t[o + 3]
+                a4 += t[o + 4]
+                a5 += t[o + 5]
+                a6 += t[o + 6]
+                a7 += t[o + 7]
+            yd = d[j, i]
+            dd = np.float32(xd[i] * yd)
+            acc8[j, 0] = np.float32(acc8[j, 0] + np.float32(dd * np.float32(a0)))
+            acc8[j, 1] = np.float32(acc8[j, 1] + np.float32(dd * np.float32(a1)))
+            acc8[j, 2] = np.float32(acc8[j, 2] + np.float32(dd * np.float32(a2)))
+            acc8[j, 3] = np.float32(acc8[j, 3] + np.float32(dd * np.float32(a3)))
+            acc8[j, 4] = np.float32(acc8[j, 4] + np.float32(dd * np.float32(a4)))
+            acc8[j, 5] = np.float32(acc8[j, 5] + np.float32(dd * np.float32(a5)))
+            acc8[j, 6] = np.float32(acc8[j, 6] + np.float32(dd * np.float32(a6)))
+            acc8[j, 7] = np.float32(acc8[j, 7] + np.float32(dd * np.float32(a7)))
+            if has_min:
+                sumi = np.int32(0)
+                for jj in range(QK_K // 16):
+                    sumi += np.int32(bsums[j, i * 16 + jj]) * mins[i * 8 + jj // 2]
+                dmin = np.float32(xm[i] * yd)
+                accf[j] = np.float32(accf[j] - np.float32(dmin * np.float32(sumi)))
+    for j in range(n):
+        sumf = accf[j]
+        for l in range(8):
+            sumf = np.float32(sumf + acc8[j, l])
+        out[j, r] = sumf
 
 
 @njit(cache=True, parallel=True)
@@ -337,7 +336,7 @@ def matmul_q4_K(w, d, qs, bsums):
     rows = w.shape[0]
     n, k = qs.shape
     nb = k // QK_K
-    if k % QK_K != 0 or w.shape[1] != nb * 144 or d.shape[0] != n or bsums.shape[0] != n:
+    if k % QK_K != 0 or w.shape[1] != nb * 144 or d.shape != (n, nb) or bsums.shape != (n, nb * 16):
         raise ValueError("matmul_q4_K: shape mismatch")
     out = np.empty((n, rows), np.float32)
     nch = (rows + _CHUNK - 1) // _CHUNK
@@ -347,10 +346,11 @@ def matmul_q4_K(w, d, qs, bsums):
         xm = np.empty(nb, np.float32)
         mins = np.empty(nb * 8, np.int32)
         t = np.empty(QK_K, np.int32)
+        acc8 = np.empty((n, 8), np.float32)
+        accf = np.empty(n, np.float32)
         for r in range(c * _CHUNK, min(rows, (c + 1) * _CHUNK)):
             _unpack_q45_K_row(w[r], nb, ws, xd, xm, mins, False)
-            for j in range(n):
-                out[j, r] = _dot_kquant(ws, xd, xm, mins, True, nb, d[j], qs[j], bsums[j], t)
+            _rows_kquant(ws, xd, xm, mins, True, nb, d, qs, bsums, t, acc8, accf, out, r)
     return out
 
 
@@ -360,7 +360,7 @@ def matmul_q5_K(w, d, qs, bsums):
     rows = w.shape[0]
     n, k = qs.shape
     nb = k // QK_K
-    if k % QK_K != 0 or w.shape[1] != nb * 176 or d.shape[0] != n or bsums.shape[0] != n:
+    if k % QK_K != 0 or w.shape[1] != nb * 176 or d.shape != (n, nb) or bsums.shape != (n, nb * 16):
         raise ValueError("matmul_q5_K: shape mismatch")
     out = np.empty((n, rows), np.float32)
     nch = (rows + _CHUNK - 1) // _CHUNK
@@ -370,10 +370,11 @@ def matmul_q5_K(w, d, qs, bsums):
         xm = np.empty(nb, np.float32)
         mins = np.empty(nb * 8, np.int32)
         t = np.empty(QK_K, np.int32)
+        acc8 = np.empty((n, 8), np.float32)
+        accf = np.empty(n, np.float32)
         for r in range(c * _CHUNK, min(rows, (c + 1) * _CHUNK)):
             _unpack_q45_K_row(w[r], nb, ws, xd, xm, mins, True)
-            for j in range(n):
-                out[j, r] = _dot_kquant(ws, xd, xm, mins, True, nb, d[j], qs[j], bsums[j], t)
+            _rows_kquant(ws, xd, xm, mins, True, nb, d, qs, bsums, t, acc8, accf, out, r)
     return out
 
 
@@ -383,7 +384,7 @@ def matmul_q6_K(w, d, qs, bsums):
     rows = w.shape[0]
     n, k = qs.shape
     nb = k // QK_K
-    if k % QK_K != 0 or w.shape[1] != nb * 210 or d.shape[0] != n:
+    if k % QK_K != 0 or w.shape[1] != nb * 210 or d.shape != (n, nb):
         raise ValueError("matmul_q6_K: shape mismatch")
     out = np.empty((n, rows), np.float32)
     nch = (rows + _CHUNK - 1) // _CHUNK
@@ -393,10 +394,11 @@ def matmul_q6_K(w, d, qs, bsums):
         xm = np.empty(1, np.float32)
         mins = np.empty(1, np.int32)
         t = np.empty(QK_K, np.int32)
+        acc8 = np.empty((n, 8), np.float32)
+        accf = np.empty(n, np.float32)
         for r in range(c * _CHUNK, min(rows, (c + 1) * _CHUNK)):
             _unpack_q6_K_row(w[r], nb, ws, xd)
-            for j in range(n):
-                out[j, r] = _dot_kquant(ws, xd, xm, mins, False, nb, d[j], qs[j], bsums[j], t)
+            _rows_kquant(ws, xd, xm, mins, False, nb, d, qs, bsums, t, acc8, accf, out, r)
     return out
 
 
@@ -425,10 +427,11 @@ def matmul_q8_0(w, d, qs):
                 yd = d[j]
                 sumf = np.float32(0.0)
                 for i in range(nb):
+                    wb = wq[i * QK8_0:(i + 1) * QK8_0]
+                    yb = yq[i * QK8_0:(i + 1) * QK8_0]
                     sumi = np.int32(0)
-                    b = i * QK8_0
                     for l in range(QK8_0):
-                        sumi += np.int32(wq[b + l]) * np.int32(yq[b + l])
+                        sumi += np.int32(wb[l]) * np.int32(yb[l])
                     sumf = np.float32(sumf + np.float32(np.float32(sumi) * np.float32(xd[i] * yd[i])))
                 out[j, r] = sumf
     return out

@@ -388,6 +388,8 @@ def matmul(w: np.ndarray, qtype, x: np.ndarray) -> np.ndarray:
     x float32 (n, k) -> float32 (n, rows).  F32/F16 weights: float32 products accumulated in
     float64 in element order, then rounded to float32 (ggml's scalar ggml_vec_dot_f32/_f16)."""
     qtype = _qtype(qtype)
+    if np.asarray(w).dtype != np.uint8:
+        raise TypeError(f"weights must be raw uint8 bytes (rows, row_bytes), got {np.asarray(w).dtype}")
     x = np.asarray(x, dtype=np.float32)
     if x.ndim != 2:
         raise ValueError("x must be (n, k)")
