@@ -55,6 +55,8 @@ def run(a: argparse.Namespace) -> int:
     for name in ("n_predict", "ctx_size", "threads", "batch_size"):
         if getattr(a, name) < (0 if name == "n_predict" else 1):
             raise ModelError(f"--{name.replace('_', '-')}: must be positive, got {getattr(a, name)}")
+    if a.profile_out and a.no_pager:
+        raise ModelError("--profile-out: routing counts come from the pager (drop --no-pager)")
     opts = Options(n_ctx=a.ctx_size, threads=a.threads, batch=a.batch_size, pager=not a.no_pager,
                    pager_config=None if a.no_pager else _pager_config(a))
     engine = Engine(a.model, opts)

@@ -17,9 +17,9 @@ spent waiting.
 from __future__ import annotations
 
 import os
-import queue
 import threading
 import time
+import queue
 
 DIRECT_ALIGN = 4096
 
@@ -79,6 +79,7 @@ class ExpertIO:
         self.reads_direct = 0    # ranges read with O_DIRECT
         self.reads_buffered = 0
         self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._batch: list = []   # submitted, not yet handed to the readers (main thread only)
         self._threads = [threading.Thread(target=self._worker, name=f"epm-io-{i}", daemon=True)
                          for i in range(max(1, int(threads)))]
         for t in self._threads:
@@ -87,16 +88,26 @@ class ExpertIO:
 
     # ------------------------------------------------------------ submit
 
-    def submit(self, ranges: list[tuple[int, int, memoryview, int]]) -> ReadHandle:
-        """ranges: (file offset, length, destination memoryview, destination address)."""
+    def submit(self, ranges: list[tuple[int, int, memoryview, int]], defer: bool = False) -> ReadHandle:
+        """ranges: (file offset, length, destination memoryview, destination address).
+
+        defer=True holds the read back until `flush()`, so the caller can finish its
+        decisions for a whole layer before reader threads wake up and compete for the CPU.
+        Never wait on a deferred handle before flushing."""
         if self.parallel:
             h = ReadHandle(len(ranges))
-            for r in ranges:
-                self._q.put((h, (r,)))
+            self._batch.extend((h, (r,)) for r in ranges)
         else:
             h = ReadHandle(1)
-            self._q.put((h, tuple(ranges)))
+            self._batch.append((h, tuple(ranges)))
+        if not defer:
+            self.flush()
         return h
+
+    def flush(self) -> None:
+        batch, self._batch = self._batch, []
+        for item in batch:
+            self._q.put(item)
 
     def read_now(self, ranges: list[tuple[int, int, memoryview, int]]) -> None:
         """Synchronous read on the calling thread (tests, tools)."""
@@ -159,6 +170,7 @@ class ExpertIO:
         if self._closed:
             return
         self._closed = True
+        self.flush()
         for _ in self._threads:
             self._q.put(None)
         for t in self._threads:

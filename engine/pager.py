@@ -237,7 +237,7 @@ class Pager:
         self.io_wait_s = 0.0
         self.profile: Counter[Key] = Counter()
         self.trace: list[tuple[int, list[int]]] | None = None   # set to [] to record lookups
-        self.missed: list[Key] | None = None                    # set to [] to record misses
+        self.read_log: list[tuple[str, Key]] | None = None      # set to [] to record reads
         self._started = False
         self._closed = False
 
@@ -277,10 +277,14 @@ class Pager:
         for key, slot in self.pins:
             self._read_into_slot(key, slot)
             self.pin_bytes += self.layouts[key[0]].expert_bytes
+            if self.read_log is not None:
+                self.read_log.append(("pin", key))
+        self.io.flush()
 
     # ------------------------------------------------------------ reads
 
     def _wait(self, h: ReadHandle) -> None:
+        self.io.flush()   # never wait on a read that is not handed to the readers yet
         self.io_wait_s += h.wait()
 
     def _ranges(self, key: Key, base_addr: int, mem: memoryview) -> list:
@@ -290,22 +294,24 @@ class Pager:
     def _read_into_slot(self, key: Key, slot: int) -> None:
         layout = self.layouts[key[0]]
         size = self.arena.slot_size[slot]
-        if layout.slot_bytes > size:
-            raise slot_error(f"layer {key[0]} expert {key[1]}: {layout.slot_bytes} B do not fit slot {slot} "
-                             f"({self.plan.class_names[self.arena.slot_class[slot]]}, {size} B)")
+        if self.arena.slot_class[slot] != self.plan.class_of_layer[key[0]] or layout.slot_bytes > size:
+            names = self.plan.class_names
+            raise slot_error(f"layer {key[0]} expert {key[1]} ({names[self.plan.class_of_layer[key[0]]]}, "
+                             f"{layout.slot_bytes} B) assigned to slot {slot} "
+                             f"({names[self.arena.slot_class[slot]]}, {size} B)")
         h = self.slot_read[slot]
         if h is not None:            # a read still in flight into this slot must land first
             self._wait(h)
         off = self.arena.slot_offset[slot]
         mem = self.arena.slot_memoryview(slot, 0, size)
-        self.slot_read[slot] = self.io.submit(self._ranges(key, self._arena_addr + off, mem))
+        self.slot_read[slot] = self.io.submit(self._ranges(key, self._arena_addr + off, mem), defer=True)
 
     def _read_transient(self, key: Key) -> None:
         layout = self.layouts[key[0]]
         raw = np.empty(layout.slot_bytes + ALIGN, dtype=np.uint8)
         pad = (-raw.ctypes.data) % ALIGN
         buf = raw[pad:pad + layout.slot_bytes]
-        h = self.io.submit(self._ranges(key, buf.ctypes.data, memoryview(buf)))
+        h = self.io.submit(self._ranges(key, buf.ctypes.data, memoryview(buf)), defer=True)
         self._transient[key] = (buf, h)
 
     def _views_of(self, layer: int, d: Decision):
@@ -351,8 +357,11 @@ class Pager:
             if d is not None:
                 self._read_into_slot(key, d.slot)
                 self.ssd_bytes += self.layouts[key[0]].expert_bytes
+                if self.read_log is not None:
+                    self.read_log.append(("prefetch", key))
 
         self.queue.pump(lambda: len(self.policy.outstanding), issue)
+        self.io.flush()
 
     def fetch(self, il: int, experts: list[int]):
         if not self._started:
@@ -365,12 +374,13 @@ class Pager:
             if d.hit:
                 continue
             self.ssd_bytes += nbytes
-            if self.missed is not None:
-                self.missed.append(d.key)
+            if self.read_log is not None:
+                self.read_log.append(("miss", d.key))
             if d.slot >= 0:
                 self._read_into_slot(d.key, d.slot)
             else:
                 self._read_transient(d.key)
+        self.io.flush()
         if self.trace is not None:
             self.trace.append((il, [int(e) for e in experts]))
         return _Views(self, il, decisions)
@@ -404,6 +414,8 @@ class Pager:
         if not d.hit:
             self.ssd_bytes += self.layouts[il].expert_bytes
             self._read_into_slot(key, d.slot)
+            if self.read_log is not None:
+                self.read_log.append(("miss", key))
         views = self._views_of(il, d)
         if not all(self.arena.contains(v) for v in views):
             raise slot_error(f"layer {il} expert {e}: views are not in the arena")

@@ -82,7 +82,11 @@ class Engine:
             self.experts = ResidentExperts(self.gm)
         self.model = Model(self.gm, self.experts, self.options.n_ctx)
         if self.options.pager:
-            self.experts.check_budget(self.model.kv_cache_bytes())
+            try:
+                self.experts.check_budget(self.model.kv_cache_bytes())
+            except BaseException:
+                self.experts.close()   # stop the pager's reader threads
+                raise
         self.phases: list[PhaseStats] = []
 
     # ------------------------------------------------------------ evaluation
