@@ -1,0 +1,502 @@
+"""The GitHub Actions workflows cannot drift from GitHub or from the tool.
+
+- every .github/workflows/*.yml validates against GitHub's workflow schema, offline
+  (check-jsonschema's bundled `vendor.github-workflows`), and a broken one does not;
+- every `epmci ...` command line in a `run:` block parses with the real CLI parser;
+- the properties a user relies on hold: the gate runs on the 8 GB runner with a timeout,
+  cancels superseded runs, keeps its caches, uploads results even on failure and fails on
+  exit 1 and 2; the smoke job gives forks the correctness gate; golden-update only ever
+  opens a pull request.
+The shell steps with logic in them (perf base, exit codes) are run with bash against stubs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import re
+import shlex
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from epmci.cli import build_parser
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKFLOW_DIR = ROOT / ".github" / "workflows"
+GATE_FILE = WORKFLOW_DIR / "epmci.yml"
+GOLDEN_FILE = WORKFLOW_DIR / "golden-update.yml"
+RUNNER_LABELS = ["self-hosted", "linux", "x64", "epm-8gb"]
+TIMING_SKIP_FLAG = "--no-timing"
+WORKFLOW_FILES = sorted(WORKFLOW_DIR.glob("*.yml")) + sorted(WORKFLOW_DIR.glob("*.yaml"))
+
+
+# --------------------------------------------------------------------- helpers
+
+def load_workflow(path: Path) -> dict:
+    """The workflow as a dict; YAML 1.1 reads the key `on` as True, put it back."""
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    if True in data:
+        data["on"] = data.pop(True)
+    return data
+
+
+def dump_workflow(data: dict, path: Path) -> Path:
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def steps_of(wf: dict):
+    """(job id, job, step) for every step of every job."""
+    for job_id, job in wf["jobs"].items():
+        for step in job.get("steps", []):
+            yield job_id, job, step
+
+
+def step_by_id(job: dict, step_id: str) -> dict:
+    for step in job["steps"]:
+        if step.get("id") == step_id:
+            return step
+    raise AssertionError(f"no step with id {step_id!r}")
+
+
+def uses(step: dict) -> str:
+    return step.get("uses", "")
+
+
+def validate(path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.github-workflows",
+         str(path)], capture_output=True, text=True, timeout=120)
+
+
+_EXPR = re.compile(r"\$\{\{.*?\}\}", re.S)
+_SHELL_VAR = re.compile(r"\$\{[^}]*\}|\$\([^)]*\)|\$[A-Za-z_][A-Za-z0-9_]*|\$[0-9?#@*!$-]")
+_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+_CONTROL = {"if", "then", "else", "elif", "do", "while", "until", "!", "{", "}", "time",
+            "exec", "command"}
+_PUNCT = set("();<>|&")
+
+
+def _is_operator(tok: str) -> bool:
+    return bool(tok) and set(tok) <= _PUNCT
+
+
+def extract_epmci_commands(script: str) -> list[tuple[str, list[str]]]:
+    """Every `epmci ...` (or `python -m epmci ...`) command in a shell script, as
+    (logical line, argv starting with "epmci"). Backslash continuations are joined;
+    `${{ ... }}` expressions and shell variables/substitutions become the placeholder X;
+    the command ends at the first shell operator (;, &&, ||, |, redirections)."""
+    found = []
+    text = _EXPR.sub("X", script.replace("\\\r\n", " ").replace("\\\n", " "))
+    for raw in text.splitlines():
+        if not re.search(r"\bepmci\b", raw):
+            continue
+        line = _SHELL_VAR.sub("X", raw)
+        lex = shlex.shlex(line, posix=True, punctuation_chars=True)
+        lex.whitespace_split = True
+        try:
+            toks = list(lex)
+        except ValueError as e:
+            raise AssertionError(f"cannot tokenize {raw.strip()!r}: {e}") from None
+        for i, tok in enumerate(toks):
+            if tok != "epmci":
+                continue
+            j = i - 1
+            if j >= 1 and toks[j] == "-m" and re.fullmatch(r"(.*/)?python[0-9.]*|X", toks[j - 1]):
+                j -= 2
+            while j >= 0 and _ASSIGNMENT.match(toks[j]):
+                j -= 1
+            if j >= 0 and not (_is_operator(toks[j]) or toks[j] in _CONTROL):
+                continue                       # an argument, not a command
+            argv = ["epmci"]
+            for t in toks[i + 1:]:
+                if _is_operator(t):
+                    if t[0] in "<>" and len(argv) > 1 and argv[-1].isdigit():
+                        argv.pop()             # the 2 of 2>&1
+                    break
+                argv.append(t)
+            found.append((raw.strip(), argv))
+    return found
+
+
+def workflow_commands(path: Path) -> list[tuple[str, str, list[str]]]:
+    """(job id, logical line, argv) of every epmci command in the workflow's run blocks."""
+    out = []
+    for job_id, _job, step in steps_of(load_workflow(path)):
+        if "run" in step:
+            out += [(job_id, line, argv) for line, argv in extract_epmci_commands(step["run"])]
+    return out
+
+
+def parse_error(argv: list[str]) -> str | None:
+    """None if the real CLI parses argv (argv[0] == "epmci"), else argparse's complaint."""
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            build_parser().parse_args(argv[1:])
+    except SystemExit as e:
+        lines = err.getvalue().strip().splitlines()
+        return f"exit {e.code}: {lines[-1] if lines else '(no message)'}"
+    return None
+
+
+def has_prefix(argv: list[str], *prefix: str) -> bool:
+    return tuple(argv[:len(prefix)]) == prefix
+
+
+@pytest.fixture(scope="module")
+def gate_wf():
+    return load_workflow(GATE_FILE)
+
+
+@pytest.fixture(scope="module")
+def golden_wf():
+    return load_workflow(GOLDEN_FILE)
+
+
+# --------------------------------------------------------------------- schema
+
+def test_workflow_files_exist():
+    names = {p.name for p in WORKFLOW_FILES}
+    assert {"epmci.yml", "golden-update.yml"} <= names, names
+
+
+@pytest.mark.parametrize("path", WORKFLOW_FILES, ids=lambda p: p.name)
+def test_workflow_validates_against_github_schema(path):
+    r = validate(path)
+    assert r.returncode == 0, f"{path.name} does not validate:\n{r.stdout}\n{r.stderr}"
+
+
+def test_schema_rejects_a_broken_workflow(tmp_path):
+    bad = tmp_path / "broken.yml"
+    bad.write_text("name: broken\non: [push]\njobs:\n  a:\n    runs-on: ubuntu-latest\n"
+                   "    timeout-minutes: soon\n    step:\n      - run: echo hi\n")
+    r = validate(bad)
+    assert r.returncode != 0, r.stdout
+
+
+@pytest.mark.parametrize("path", [GATE_FILE, GOLDEN_FILE], ids=lambda p: p.name)
+def test_schema_rejects_the_real_workflow_once_broken(tmp_path, path):
+    # round trip unchanged: still valid (so the mutation below is what breaks it)
+    wf = load_workflow(path)
+    assert validate(dump_workflow(wf, tmp_path / "same.yml")).returncode == 0
+    job = next(iter(wf["jobs"].values()))
+    del job["runs-on"]
+    job["steps"][0]["uses"] = 42
+    r = validate(dump_workflow(wf, tmp_path / "broken.yml"))
+    assert r.returncode != 0, r.stdout
+
+
+# --------------------------------------------------------------------- commands vs the CLI
+
+def test_extractor_handles_continuations_expressions_and_variables():
+    script = (
+        'mkdir -p out\n'
+        'rc=0\n'
+        'epmci check --profile epm-8gb --perf-base "$PERF_BASE" \\\n'
+        '  --junit-xml out/j.xml --json ${{ runner.temp }}/r.json || rc=$?\n'
+        'if epmci golden show --profile "${PROFILE}" 2>&1 | tee x; then :; fi\n'
+        'FOO=1 python3 -m epmci build > log\n'
+        'echo "::error title=epmci gate::epmci check failed"  # epmci check in a comment\n'
+        'pip install epmci\n'
+    )
+    got = [argv for _line, argv in extract_epmci_commands(script)]
+    assert got == [
+        ["epmci", "check", "--profile", "epm-8gb", "--perf-base", "X",
+         "--junit-xml", "out/j.xml", "--json", "X/r.json"],
+        ["epmci", "golden", "show", "--profile", "X"],
+        ["epmci", "build"],
+    ]
+
+
+def test_parse_error_catches_an_unknown_flag():
+    assert parse_error(["epmci", "check", "--no-such-flag-xyz"]) is not None
+    assert parse_error(["epmci", "no-such-command"]) is not None
+
+
+@pytest.mark.parametrize("path", WORKFLOW_FILES, ids=lambda p: p.name)
+def test_every_epmci_command_parses_with_the_real_cli(path):
+    cmds = workflow_commands(path)
+    bad = [f"  [{job}] {line}\n      -> {err}" for job, line, argv in cmds
+           if (err := parse_error(argv))]
+    assert not bad, f"{path.name}: epmci command lines the CLI rejects:\n" + "\n".join(bad)
+
+
+def test_the_gate_workflow_runs_build_and_check():
+    cmds = workflow_commands(GATE_FILE)
+    assert len(cmds) >= 4, cmds                         # build + check twice in gate, build + check in smoke
+    for job in ("gate", "smoke"):
+        argvs = [a for j, _l, a in cmds if j == job]
+        assert any(has_prefix(a, "epmci", "build") for a in argvs), (job, argvs)
+        assert any(has_prefix(a, "epmci", "check") for a in argvs), (job, argvs)
+
+
+def test_the_golden_workflow_runs_golden_update():
+    cmds = workflow_commands(GOLDEN_FILE)
+    updates = [a for _j, _l, a in cmds if has_prefix(a, "epmci", "golden", "update")]
+    assert len(updates) == 1, cmds
+    assert "--profile" in updates[0] and "--reason" in updates[0]
+
+
+# --------------------------------------------------------------------- the gate job
+
+def test_triggers(gate_wf):
+    on = gate_wf["on"]
+    assert "pull_request" in on
+    assert on["push"]["branches"] == ["main"]
+
+
+def test_gate_runs_on_the_8gb_runner(gate_wf):
+    gate = gate_wf["jobs"]["gate"]
+    assert set(RUNNER_LABELS) <= set(gate["runs-on"]), gate["runs-on"]
+    # never run a fork's code on the self-hosted box
+    assert "head.repo.full_name == github.repository" in gate["if"]
+    assert "!github.event.repository.fork" in gate["if"]     # and not queued forever in forks
+
+
+def test_every_job_has_a_timeout(gate_wf, golden_wf):
+    for wf in (gate_wf, golden_wf):
+        for job_id, job in wf["jobs"].items():
+            assert isinstance(job.get("timeout-minutes"), int) and 0 < job["timeout-minutes"] <= 180, job_id
+
+
+def test_gate_concurrency_cancels_superseded_runs(gate_wf):
+    for job_id in ("gate", "smoke"):
+        conc = gate_wf["jobs"][job_id]["concurrency"]
+        assert conc["cancel-in-progress"] is True, job_id
+        assert "github.ref" in conc["group"], job_id
+
+
+def test_gate_checkout_is_deep_enough_for_the_base_commit(gate_wf):
+    gate = gate_wf["jobs"]["gate"]
+    co = [s for s in gate["steps"] if uses(s).startswith("actions/checkout@")]
+    assert co and co[0]["with"]["fetch-depth"] == 0
+
+
+def test_gate_keeps_the_numba_and_model_caches(gate_wf):
+    env = gate_wf["jobs"]["gate"]["env"]
+    for var in ("NUMBA_CACHE_DIR", "EPMCI_CACHE_DIR"):
+        assert var in env and "EPMCI_RUNNER_DIR" in env[var], var   # the runner's persistent disk
+
+
+def test_smoke_caches_numba_and_models(gate_wf):
+    smoke = gate_wf["jobs"]["smoke"]
+    env_step = "\n".join(s.get("run", "") for s in smoke["steps"])
+    assert "NUMBA_CACHE_DIR=" in env_step and "EPMCI_CACHE_DIR=" in env_step
+    cached = [s["with"]["path"] for s in smoke["steps"] if uses(s).startswith("actions/cache@")]
+    assert any("numba" in p for p in cached) and any("epmci" in p for p in cached), cached
+
+
+def test_python_setup_only_on_the_hosted_job(gate_wf, golden_wf):
+    for wf in (gate_wf, golden_wf):
+        for job_id, job, step in steps_of(wf):
+            if "self-hosted" in job["runs-on"]:
+                assert not uses(step).startswith("actions/setup-python"), job_id
+    assert any(uses(s) == "actions/setup-python@v5" for s in gate_wf["jobs"]["smoke"]["steps"])
+
+
+def test_results_uploaded_on_success_and_failure(gate_wf, golden_wf):
+    for wf, jobs in ((gate_wf, ("gate", "smoke")), (golden_wf, ("update",))):
+        for job_id in jobs:
+            ups = [s for s in wf["jobs"][job_id]["steps"] if uses(s).startswith("actions/upload-artifact@")]
+            assert ups, job_id
+            for s in ups:
+                assert uses(s) == "actions/upload-artifact@v4"
+                assert "always()" in s.get("if", ""), (job_id, s)
+
+
+def test_junit_report_published_as_a_check_run(gate_wf):
+    for job_id in ("gate", "smoke"):
+        job = gate_wf["jobs"][job_id]
+        assert job["permissions"]["checks"] == "write", job_id
+        assert job["permissions"]["contents"] == "read", job_id
+        pubs = [s for s in job["steps"] if uses(s) == "mikepenz/action-junit-report@v4"]
+        assert len(pubs) == 1, job_id
+        assert "always()" in pubs[0]["if"]
+        # the report it publishes is the one epmci check writes
+        checks = [a for j, _l, a in workflow_commands(GATE_FILE) if j == job_id and has_prefix(a, "epmci", "check")]
+        for argv in checks:
+            junit = argv[argv.index("--junit-xml") + 1]
+            assert pubs[0]["with"]["report_paths"] == junit
+            assert "--json" in argv
+            uploads = [s["with"]["path"] for s in job["steps"] if uses(s).startswith("actions/upload-artifact@")]
+            assert any(junit.startswith(p) for p in uploads), (junit, uploads)
+
+
+def test_gate_check_uses_the_profile_and_the_perf_base(gate_wf):
+    checks = [a for j, _l, a in workflow_commands(GATE_FILE) if j == "gate" and has_prefix(a, "epmci", "check")]
+    assert checks
+    for argv in checks:
+        assert argv[argv.index("--profile") + 1] == "epm-8gb"
+    assert any("--perf-base" in a for a in checks)
+    env = step_by_id(gate_wf["jobs"]["gate"], "base")["env"]
+    assert env["PR_BASE"] == "${{ github.event.pull_request.base.sha }}"
+    assert env["PUSH_BEFORE"] == "${{ github.event.before }}"
+
+
+def test_check_failures_fail_the_job(gate_wf):
+    for job_id in ("gate", "smoke"):
+        for step in gate_wf["jobs"][job_id]["steps"]:
+            if "epmci check" in step.get("run", ""):
+                assert not step.get("continue-on-error"), (job_id, step.get("name"))
+                # runs even when the build step failed, so the report exists
+                assert "!cancelled()" in step.get("if", ""), (job_id, step.get("name"))
+
+
+def test_smoke_is_the_hosted_correctness_gate(gate_wf):
+    smoke = gate_wf["jobs"]["smoke"]
+    assert smoke["runs-on"] == "ubuntu-latest"
+    assert "if" not in smoke                     # forks get it too
+    checks = [a for j, _l, a in workflow_commands(GATE_FILE) if j == "smoke" and has_prefix(a, "epmci", "check")]
+    assert len(checks) == 1
+    argv = checks[0]
+    assert "--fast" in argv and TIMING_SKIP_FLAG in argv, argv
+    assert argv[argv.index("--model") + 1] == "ci"
+    assert "--profile" not in argv and "--perf-base" not in argv
+
+
+def test_actions_pinned_to_major_versions(gate_wf, golden_wf):
+    for wf in (gate_wf, golden_wf):
+        for job_id, _job, step in steps_of(wf):
+            if "uses" in step:
+                assert re.fullmatch(r"[\w.-]+/[\w.-]+@v\d+", step["uses"]), (job_id, step["uses"])
+
+
+def test_no_expressions_inside_run_scripts(gate_wf, golden_wf):
+    # inputs, branch names and titles reach scripts through env, never pasted into the shell
+    for wf in (gate_wf, golden_wf):
+        for job_id, _job, step in steps_of(wf):
+            assert "${{" not in step.get("run", ""), (job_id, step.get("name"))
+
+
+# --------------------------------------------------------------------- golden-update
+
+def test_golden_update_is_manual_with_profile_and_reason(golden_wf):
+    assert set(golden_wf["on"]) == {"workflow_dispatch"}
+    inputs = golden_wf["on"]["workflow_dispatch"]["inputs"]
+    assert {"profile", "reason"} <= set(inputs)
+    assert inputs["profile"]["required"] and inputs["reason"]["required"]
+    assert inputs["profile"]["default"] == "epm-8gb"
+    job = golden_wf["jobs"]["update"]
+    assert set(RUNNER_LABELS) <= set(job["runs-on"])
+    assert job["env"]["PROFILE"] == "${{ inputs.profile }}"
+    assert job["env"]["REASON"] == "${{ inputs.reason }}"
+
+
+def test_golden_update_never_pushes_to_main(golden_wf):
+    for job_id, _job, step in steps_of(golden_wf):
+        assert not re.search(r"\bgit\s+push\b", step.get("run", "")), (job_id, step.get("name"))
+    prs = [s for _j, _job, s in steps_of(golden_wf) if uses(s) == "peter-evans/create-pull-request@v6"]
+    assert len(prs) == 1
+    w = prs[0]["with"]
+    assert w["branch"].startswith("golden/") and "${{ github.run_id }}" in w["branch"]
+    assert w["branch"] not in ("main", "master") and w["base"] != w["branch"]
+    assert "golden" in w["add-paths"]
+    perms = golden_wf["jobs"]["update"]["permissions"]
+    assert perms == {"contents": "write", "pull-requests": "write"}
+    assert golden_wf["permissions"] == {"contents": "read"}
+
+
+# --------------------------------------------------------------------- shell steps, run
+
+def _stub(bin_dir: Path, name: str, body: str) -> None:
+    p = bin_dir / name
+    p.write_text(f"#!{sys.executable}\n{body}", encoding="utf-8")
+    p.chmod(p.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+
+
+_GIT_STUB = """import os, sys
+a = sys.argv[1:]
+if a[:2] == ["cat-file", "-e"]:
+    sys.exit(0 if a[2].split("^")[0] in os.environ.get("KNOWN_SHAS", "").split() else 1)
+if a[:1] == ["fetch"]:
+    sys.exit(1)
+sys.exit(3)
+"""
+
+_EPMCI_STUB = """import json, os, sys
+with open(os.environ["EPMCI_STUB_LOG"], "a") as f:
+    f.write(json.dumps(sys.argv[1:]) + "\\n")
+sys.exit(int(os.environ.get("EPMCI_STUB_RC", "0")))
+"""
+
+
+def _run_step(step: dict, tmp_path: Path, env: dict) -> tuple[subprocess.CompletedProcess, dict]:
+    """Run a step's script as GitHub does (bash -eo pipefail) with stub git and epmci."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    _stub(bin_dir, "git", _GIT_STUB)
+    _stub(bin_dir, "epmci", _EPMCI_STUB)
+    script = tmp_path / "step.sh"
+    script.write_text(step["run"], encoding="utf-8")
+    out = tmp_path / "github_output"
+    out.write_text("")
+    full = {"PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+            "GITHUB_OUTPUT": str(out), "EPMCI_STUB_LOG": str(tmp_path / "epmci.log"), **env}
+    r = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", str(script)],
+                       cwd=tmp_path, env=full, capture_output=True, text=True, timeout=60)
+    outputs = dict(l.split("=", 1) for l in out.read_text().splitlines() if "=" in l)
+    return r, outputs
+
+
+SHA_A = "a" * 40
+SHA_B = "b" * 40
+
+
+@pytest.mark.parametrize("event,pr_base,before,known,want", [
+    ("pull_request", SHA_A, "", SHA_A, SHA_A),
+    ("push", "", SHA_B, SHA_B, SHA_B),
+    ("push", "", "0" * 40, "", ""),             # first push of a new branch
+    ("push", "", "", "", ""),
+    ("push", "", SHA_B, "", ""),                # force-pushed away: not reachable
+])
+def test_perf_base_step(gate_wf, tmp_path, event, pr_base, before, known, want):
+    step = step_by_id(gate_wf["jobs"]["gate"], "base")
+    r, outputs = _run_step(step, tmp_path, {"EVENT": event, "PR_BASE": pr_base,
+                                            "PUSH_BEFORE": before, "KNOWN_SHAS": known})
+    assert r.returncode == 0, r.stderr
+    assert outputs.get("sha") == want, (outputs, r.stdout)
+
+
+@pytest.mark.parametrize("rc", [0, 1, 2])
+@pytest.mark.parametrize("perf_base", [SHA_A, ""])
+def test_check_step_exit_code_and_perf_base(gate_wf, tmp_path, rc, perf_base):
+    step = step_by_id(gate_wf["jobs"]["gate"], "check")
+    r, _ = _run_step(step, tmp_path, {"PERF_BASE": perf_base, "EPMCI_STUB_RC": str(rc)})
+    assert r.returncode == rc, (r.stdout, r.stderr)        # 1 and 2 both fail the job
+    calls = [json.loads(l) for l in (tmp_path / "epmci.log").read_text().splitlines()]
+    assert len(calls) == 1 and calls[0][:1] == ["check"]
+    argv = calls[0]
+    if perf_base:
+        assert argv[argv.index("--perf-base") + 1] == perf_base
+    else:
+        assert "--perf-base" not in argv
+    if rc:
+        assert "::error" in r.stdout
+    assert (tmp_path / "epmci-out").is_dir()
+
+
+def test_runner_limits_step_runs_here(gate_wf, tmp_path):
+    step = step_by_id(gate_wf["jobs"]["gate"], "limits")
+    dirs = {k: str(tmp_path / k) for k in ("EPMCI_CACHE_DIR", "NUMBA_CACHE_DIR", "PIP_CACHE_DIR")}
+    r, _ = _run_step(step, tmp_path, dirs)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert re.search(r"in force: \d+ MiB", r.stdout), r.stdout
+    assert all(Path(d).is_dir() for d in dirs.values())
+
+
+# --------------------------------------------------------------------- docs
+
+def test_runner_guide_matches_the_workflows():
+    text = (ROOT / "docs" / "runner.md").read_text(encoding="utf-8")
+    for label in RUNNER_LABELS:
+        assert label in text
+    for word in ("MemoryMax", "EPMCI_RUNNER_DIR", "NUMBA_CACHE_DIR", "golden-update", "GOLDEN_PR_TOKEN"):
+        assert word in text, word
