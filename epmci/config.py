@@ -42,7 +42,7 @@ class EngineConfig:
     build_cmd: str | list[str] | None = None  # external engine: its build command
     build_timeout_s: float = 900.0
     timeout_s: float = 300.0             # every engine run is killed after this
-    threads: int = 2                     # -t
+    threads: int = 1                     # -t (determinism also runs another count)
     ctx: int = 512                       # -c
     env: dict[str, str] = field(default_factory=dict)
 
@@ -162,7 +162,7 @@ def load_config(path: str | os.PathLike | None = None, overrides: dict | None = 
     if overrides:
         merged = _merge(merged, overrides, where="command line")
     merged.pop("source", None)
-    cfg = _build(CheckConfig, merged, where=source)
+    cfg = _build(CheckConfig, merged, where=f"{source} + command line" if overrides else source)
     cfg.source = source
     validate(cfg)
     return cfg
@@ -239,6 +239,11 @@ def _try(tp, v):
     if tp is int:
         return isinstance(v, int) and not isinstance(v, bool), v
     if tp is float:
+        if isinstance(v, str):   # YAML 1.1 reads 1e-6 (no dot) as a string
+            try:
+                return True, float(v)
+            except ValueError:
+                return False, None
         ok = isinstance(v, (int, float)) and not isinstance(v, bool)
         return ok, float(v) if ok else None
     if tp is str:

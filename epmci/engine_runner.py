@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from .contract_io import engine_error_line, slot_errors
@@ -163,15 +163,3 @@ def drop_page_cache(path: str | os.PathLike) -> bool:
         return False
     finally:
         os.close(fd)
-
-
-@dataclass
-class RunDir:
-    """A directory for one engine run's output files."""
-    path: Path
-    files: dict[str, Path] = field(default_factory=dict)
-
-    def file(self, name: str) -> Path:
-        p = self.path / name
-        self.files[name] = p
-        return p

@@ -20,6 +20,7 @@ import junit_xml
 from .check.result import ERROR, FAIL, PASS, SKIP, CheckReport, CheckResult
 
 STATUS_LABEL = {PASS: "PASS", FAIL: "FAIL", SKIP: "SKIP", ERROR: "ERROR"}
+JUNIT_META = ("model", "engine", "config", "fast")
 STATUS_ICON = {PASS: "✅", FAIL: "❌", SKIP: "⏭️", ERROR: "💥"}
 
 
@@ -45,9 +46,8 @@ class ConsoleProgress:
         self.total = total
         self.done = 0
 
-    def start(self, title: str, total: int) -> None:
+    def planned(self, total: int) -> None:
         self.total = total
-        print(title, file=self.stream, flush=True)
 
     def note(self, text: str) -> None:
         print(text, file=self.stream, flush=True)
@@ -119,7 +119,7 @@ def junit_string(report: CheckReport) -> str:
     suite; per-testcase numbers in the failure message and as testsuite properties named
     `<testcase>.<property>` (the schema allows no properties on a testcase)."""
     suites = []
-    meta = {f"epmci.{k}": v for k, v in report.meta.items() if not isinstance(v, (dict, list))}
+    meta = {f"epmci.{k}": report.meta[k] for k in JUNIT_META if k in report.meta}
     ts = report.started
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(ts))
     for name, results in report.by_suite().items():
@@ -147,6 +147,7 @@ def junit_string(report: CheckReport) -> str:
     root = ET.fromstring(raw)
     root.set("name", "epmci check")
     _normalize(root)
+    root.set("time", f"{report.seconds:.3f}")   # wall time (suites ran in parallel)
     ET.indent(root)
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
 

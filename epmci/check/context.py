@@ -93,6 +93,10 @@ class CheckContext:
         a = self.cfg.run.arena_mb
         if not isinstance(a, str):
             return float(a)
+        return self.auto_arena_mb(batch)
+
+    def auto_arena_mb(self, batch: int | None = None) -> float:
+        """max(run.arena_fraction of all expert bytes, the minimum for `batch` + margin)."""
         b = batch or self.cfg.run.batch
         lo = self.facts.min_arena_bytes(b, uniform=False, margin_slots=self.cfg.prefetch_stress.margin_experts)
         want = max(lo, int(self.cfg.run.arena_fraction * self.facts.total_expert_bytes()))
@@ -134,8 +138,8 @@ class CheckContext:
         # numba refuses more threads than NUMBA_NUM_THREADS (default: the CPU count)
         if "NUMBA_NUM_THREADS" not in os.environ:
             e.setdefault("NUMBA_NUM_THREADS", str(max(self.threads, self.threads_alt, os.cpu_count() or 1)))
-        return run_engine(self.engine, args, timeout=self.cfg.engine.timeout_s, label=label, env=e,
-                          cwd=self.workdir)
+        # cwd stays the caller's: a relative --engine-cmd path means what the user typed
+        return run_engine(self.engine, args, timeout=self.cfg.engine.timeout_s, label=label, env=e)
 
     # -------------------------------------------------------------- reference facts
 

@@ -7,12 +7,11 @@ them in any order, in parallel, and sorts results back into plan order.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 from ..context import CheckContext
-from ..result import FAIL, PASS, CheckResult
+from ..result import FAIL, CheckResult
 from ...engine_runner import EngineRun
 
 
@@ -39,15 +38,3 @@ def run_failed(suite: str, names: list[str], run: EngineRun, what: str = "") -> 
     props = {"returncode": run.returncode, "timed_out": run.timed_out, "run_seconds": round(run.seconds, 3)}
     return [CheckResult(suite, n, FAIL, f"{what}{reason}", dict(props), run.seconds,
                         run.stderr_tail(), f"command: {run.command_line()}") for n in names]
-
-
-class Timer:
-    def __init__(self):
-        self.t0 = time.perf_counter()
-
-    def __call__(self) -> float:
-        return time.perf_counter() - self.t0
-
-
-def status(ok: bool) -> str:
-    return PASS if ok else FAIL

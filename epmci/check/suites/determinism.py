@@ -55,14 +55,14 @@ class DeterminismSuite:
             if not run.ok:
                 results += run_failed(NAME, [name], run, f"run {what}: ")
                 continue
-            results.append(self.compare(ctx, name, first, run, d["first"], d[key], what,
+            results.append(self.compare(ctx, name, first, run, d["first"], d[key], what, not results,
                                         {"page_cache_dropped": dropped} if key == "cold" else
                                         {"threads": ctx.threads, "threads_other": ctx.threads_alt}))
         return results
 
-    def compare(self, ctx, name, a, b, da, db, what, props) -> CheckResult:
+    def compare(self, ctx, name, a, b, da, db, what, count_first, props) -> CheckResult:
         t0 = time.perf_counter()
-        secs = a.seconds + b.seconds
+        secs = (a.seconds if count_first else 0.0) + b.seconds
         tail = b.stderr_tail()
         details = f"first: {a.command_line()}\nsecond: {b.command_line()}"
         try:

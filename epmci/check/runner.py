@@ -1,0 +1,171 @@
+"""run_check(config) -> CheckReport: resolve the model, build the engine, plan every selected
+suite, run the tasks in a thread pool (each engine run is a subprocess), collect results.
+
+Verdicts never depend on completion order: every result is decided inside its own task,
+and results are sorted back into plan order. A task that raises becomes an `error` result
+(fail closed), never a pass.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import tempfile
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+from typing import Callable
+
+from ..config import CheckConfig
+from ..engine_runner import EngineCommand
+from ..errors import InputError
+from ..gguf_file import ModelFile
+from ..models.presets import PRESETS
+from .context import CheckContext
+from .result import ERROR, CheckReport, CheckResult, SuiteInfo
+from .suites import SUITES
+from .suites.base import Task
+
+Progress = Callable[[CheckResult], None]
+
+
+def resolve_model(model: str) -> Path:
+    """A preset name (made on first use into the model cache) or a path to a GGUF."""
+    p = Path(model).expanduser()
+    if model in PRESETS and not p.exists():
+        from ..models.store import make_model
+        return make_model(model)
+    if not p.exists():
+        raise InputError(model, "no such model file (and not a preset: "
+                                f"{', '.join(PRESETS)})")
+    return p.resolve()
+
+
+def cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def run_check(cfg: CheckConfig, progress: Progress | None = None, *, build: bool = True,
+              workdir: str | os.PathLike | None = None, keep_work: bool = False,
+              note: Callable[[str], None] | None = None) -> CheckReport:
+    """Run every suite in cfg.suites; never raises for engine or model problems (they end up
+    in the report: failed results, or tool_error for exit 2)."""
+    t_start = time.perf_counter()
+    report = CheckReport()
+    say = note or (lambda s: None)
+    engine = EngineCommand.from_setting(cfg.engine.cmd, cfg.engine.env)
+    jobs = cfg.run.jobs or cpu_count()
+    report.meta.update(config=cfg.source, engine=engine.describe(), fast=cfg.fast, jobs=jobs,
+                       suites=",".join(cfg.suites), host=platform.node(), python=platform.python_version())
+
+    def done() -> CheckReport:
+        report.seconds = time.perf_counter() - t_start
+        return report
+
+    try:
+        if cfg.model in PRESETS and not Path(cfg.model).exists():
+            from ..models.store import cached_model_path
+            if not cached_model_path(cfg.model).exists():
+                say(f"making the {cfg.model!r} preset model (first use) ...")
+        model_path = resolve_model(cfg.model)
+        mf = ModelFile(model_path)
+    except InputError as e:
+        report.tool_error = f"{e.where}: {e.problem}"
+        return done()
+    report.meta.update(model=str(model_path), model_setting=cfg.model)
+
+    base = Path(workdir) if workdir else None
+    if base:
+        base.mkdir(parents=True, exist_ok=True)
+    wd = Path(tempfile.mkdtemp(prefix="epmci-check-", dir=base))
+    report.meta["workdir"] = str(wd)
+    try:
+        ctx = CheckContext(cfg, model_path, mf, engine, wd)
+        suites, ready, tasks = _plan(ctx, cfg)
+        n_results = len(ready) + sum(max(1, len(t.names)) for _, t in tasks) + (1 if build else 0)
+        planned = getattr(progress, "planned", None)
+        if planned:
+            planned(n_results)
+
+        def emit(r: CheckResult) -> None:
+            report.results.append(r)
+            if progress:
+                progress(r)
+
+        if build:
+            say(f"building {engine.describe()} ...")
+            from ..build import build_engine
+            b = build_engine(cfg, model_path, ctx.auto_arena_mb(2), wd)
+            report.suites.append(SuiteInfo("build", "engine build"))
+            report.meta["build_seconds"] = round(b.seconds, 3)
+            emit(b)
+            if b.status != "pass":
+                report.tool_error = f"engine build failed: {b.message}"
+                return done()
+        report.suites += suites
+        for r in ready:
+            emit(r)
+        say(f"{len(tasks)} tasks ({n_results - len(ready) - (1 if build else 0)} checks) on {jobs} worker(s)")
+        _execute(tasks, jobs, emit)
+        return done()
+    finally:
+        if keep_work or not report.passed:
+            report.meta["workdir_kept"] = True
+        else:
+            shutil.rmtree(wd, ignore_errors=True)
+
+
+def _plan(ctx: CheckContext, cfg: CheckConfig) -> tuple[list[SuiteInfo], list[CheckResult], list[tuple[int, Task]]]:
+    """Every selected suite's plan: ready results (skips, config errors) and tasks, each
+    with its position in the plan (results are sorted back into it)."""
+    infos: list[SuiteInfo] = []
+    ready: list[CheckResult] = []
+    tasks: list[tuple[int, Task]] = []
+    order = 0
+    for name in cfg.suites:
+        suite = SUITES[name]
+        infos.append(SuiteInfo(suite.name, suite.title, (suite.description or "").strip()))
+        try:
+            items = suite.plan(ctx)
+        except Exception as e:  # a planning bug: fail closed
+            items = [CheckResult(name, "plan", ERROR, f"could not plan the suite: {type(e).__name__}: {e}",
+                                 details=traceback.format_exc())]
+        for it in items:
+            order += 1000
+            if isinstance(it, CheckResult):
+                it.order = order
+                ready.append(it)
+            else:
+                tasks.append((order, it))
+    return infos, ready, tasks
+
+
+def _execute(tasks: list[tuple[int, Task]], jobs: int, emit: Callable[[CheckResult], None]) -> None:
+    # biggest first, so the long sequential tasks do not end up last
+    ordered = sorted(tasks, key=lambda ot: -ot[1].cost)
+    with ThreadPoolExecutor(max_workers=max(1, jobs), thread_name_prefix="epmci-check") as pool:
+        futs = {pool.submit(_run_task, t): (o, t) for o, t in ordered}
+        for fut in as_completed(futs):
+            o, t = futs[fut]
+            for i, r in enumerate(fut.result()):
+                r.order = o + i
+                emit(r)
+
+
+def _run_task(t: Task) -> list[CheckResult]:
+    t0 = time.perf_counter()
+    try:
+        results = t.fn()
+        if not results:
+            raise RuntimeError("the task produced no result")
+        return results
+    except Exception as e:
+        tb = traceback.format_exc()
+        names = t.names or [t.name]
+        return [CheckResult(t.suite, n, ERROR, f"internal error while checking: {type(e).__name__}: {e}",
+                            {}, time.perf_counter() - t0, "", tb) for n in names]

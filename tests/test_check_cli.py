@@ -1,0 +1,211 @@
+"""`epmci check` / `epmci build` end to end: exit codes 0/1/2, reports (JUnit valid against
+the common XSD, JSON, Markdown step summary), the e2e comparison modes, config discovery."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from lxml import etree
+
+from epmci.cli import main as epmci_main
+
+REPO = Path(__file__).resolve().parent.parent
+XSD = Path(__file__).parent / "data" / "junit-10.xsd"
+
+
+@pytest.fixture(scope="session")
+def built_engine(tiny_model, tmp_path_factory):
+    import fcntl
+    import tempfile
+
+    from epmci.build import build_engine
+    from epmci.config import CheckConfig
+    with open(Path(tempfile.gettempdir()) / "epmci-test-build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        r = build_engine(CheckConfig(), tiny_model, 4.0, tmp_path_factory.mktemp("build"))
+    assert r.status == "pass", (r.message, r.stderr_tail)
+    return r
+
+
+def validate_junit(path: Path) -> etree._Element:
+    schema = etree.XMLSchema(etree.parse(str(XSD)))
+    doc = etree.parse(str(path))
+    assert schema.validate(doc), schema.error_log
+    return doc.getroot()
+
+
+def wrapper(tmp_path: Path, body: str, name: str = "engine_wrapper.py") -> str:
+    p = tmp_path / name
+    p.write_text("import sys, os\nimport numpy as np\nimport engine.cli\n" + textwrap.dedent(body)
+                 + "\nsys.exit(engine.cli.main())\n")
+    return f"{shlex.quote(sys.executable)} {shlex.quote(str(p))}"
+
+
+def check(tmp_path, *args) -> tuple[int, dict]:
+    js = tmp_path / "r.json"
+    rc = epmci_main(["check", "-q", "--json", str(js), "--workdir", str(tmp_path / "w"), *args])
+    return rc, (json.loads(js.read_text()) if js.exists() else {})
+
+
+def by_name(report: dict) -> dict[tuple[str, str], dict]:
+    return {(s["name"], r["name"]): r for s in report["suites"] for r in s["results"]}
+
+
+# ----------------------------------------------------------------- exit 0
+
+def test_fast_check_passes_on_the_tiny_model(tmp_path, tiny_model, monkeypatch, capsys):
+    """The whole gate (build included) on the bundled engine: exit 0, every report written."""
+    summary = tmp_path / "summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    junit = tmp_path / "out" / "junit.xml"
+    rc, rep = check(tmp_path, "--model", str(tiny_model), "--fast", "--junit-xml", str(junit))
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert rep["verdict"] == "PASS"
+    names = by_name(rep)
+    suites = {s for s, _ in names}
+    assert suites == {"build", "kernel", "layer", "prefetch-stress", "determinism", "e2e"}
+    assert names[("build", "bundled engine (numba kernels)")]["status"] == "pass"
+    # every expert quant mix and size of the tiny model (Q5_K and Q6_K down), both ends
+    assert {n for s, n in names if s == "kernel"} == {"L0 E0", "L0 E7", "L1 E0", "L1 E7", "L3 E0", "L3 E7"}
+    assert {n for s, n in names if s == "layer"} == {"L0", "L1", "L2", "L3"}
+    stress = [r for (s, _), r in names.items() if s == "prefetch-stress"]
+    assert {r["properties"]["layout"] for r in stress} == {"mixed", "uniform"}
+    head = names[("prefetch-stress", "mixed run")]["properties"]
+    assert head["evictions"] >= head["tokens"] and head["prefetch_issued"] > 0
+    e2e = names[("e2e", "e2e A/B")]
+    assert e2e["status"] == "skip" and "--fast" in e2e["message"]
+    for (s, n), r in names.items():
+        if s not in ("build", "e2e"):
+            assert r["status"] == "pass", (s, n, r["message"])
+    root = validate_junit(junit)
+    assert root.get("failures") == "0" and root.get("errors") == "0"
+    assert root.find(".//testcase[@name='e2e A/B']/skipped") is not None
+    assert "## epmci check: PASS" in summary.read_text() and "skipped by --fast" in summary.read_text()
+    assert "SKIP" in out and "epmci check: PASS" in out
+
+
+def test_e2e_bundled_engine_is_byte_exact(tmp_path, tiny_model, built_engine):
+    rc, rep = check(tmp_path, "--model", str(tiny_model), "--no-build", "--suites", "e2e",
+                    "--set", "prompts.e2e=[a, Hello world]", "--set", "e2e.compare=kl")
+    assert rc == 0, rep
+    rs = [r for (s, _), r in by_name(rep).items() if s == "e2e"]
+    assert [r["status"] for r in rs] == ["pass", "pass"]
+    assert rs[0]["properties"]["prompt_tokens"] == 1          # a single-token prompt
+    assert all(r["properties"]["mode"] == "exact" for r in rs)  # the bundled engine: always exact
+    assert all(r["properties"]["identical"] and r["properties"]["text_equal"] for r in rs)
+
+
+def test_e2e_modes_for_an_external_engine(tmp_path, tiny_model, built_engine):
+    """Paged logits nudged by 1e-4: exact fails, kl within 1e-3 passes (argmax: unit-tested)."""
+    cmd = wrapper(tmp_path, """
+        import engine.runtime as R
+        good = R.Engine.eval
+        def eval_(self, tokens, phase="prefill"):
+            out = good(self, tokens, phase)
+            return out + np.float32(1e-4) if self.options.pager else out
+        R.Engine.eval = eval_
+    """)
+    base = ["--model", str(tiny_model), "--engine-cmd", cmd, "--suites", "e2e", "--set", "prompts.e2e=[a]",
+            "--set", "e2e.n_predict=2"]
+    rc, rep = check(tmp_path, *base)
+    assert rc == 1
+    (r,) = [r for (s, _), r in by_name(rep).items() if s == "e2e"]
+    assert r["properties"]["mode"] == "exact" and "paged differs from --no-pager (exact)" in r["message"]
+    rc, rep = check(tmp_path, *base, "--set", "e2e.compare=kl", "--set", "e2e.max_kl=1e-3")
+    assert rc == 0, rep
+    (r,) = [r for (s, _), r in by_name(rep).items() if s == "e2e"]
+    assert r["properties"]["mode"] == "kl" and r["status"] == "pass"
+    assert 0 < r["properties"]["max_kl"] <= 1e-3 and r["properties"]["argmax_agree"] == r["properties"]["rows"]
+
+
+# ----------------------------------------------------------------- exit 1 with a JUnit record
+
+def test_failure_junit_has_message_numbers_and_stderr(tmp_path, tiny_model, built_engine):
+    cmd = wrapper(tmp_path, """
+        print("boom: the kernel cache is corrupt", file=sys.stderr)
+        sys.exit(3)
+    """)
+    junit = tmp_path / "j.xml"
+    rc, rep = check(tmp_path, "--model", str(tiny_model), "--engine-cmd", cmd, "--suites", "kernel",
+                    "--set", "kernel.pairs=[[0, 0]]", "--junit-xml", str(junit))
+    assert rc == 1
+    root = validate_junit(junit)
+    tc = root.find(".//testcase[@name='L0 E0']")
+    assert "engine crashed (exit 3)" in tc.find("failure").get("message")
+    assert "kernel cache is corrupt" in tc.find("system-err").text
+    props = {p.get("name"): p.get("value") for p in root.iter("property")}
+    assert props["L0 E0.returncode"] == "3" and props["L0 E0.status"] == "fail"
+
+
+# ----------------------------------------------------------------- exit 2
+
+def test_missing_model_is_exit_2(tmp_path, capsys):
+    junit = tmp_path / "j.xml"
+    rc, rep = check(tmp_path, "--model", str(tmp_path / "nope.gguf"), "--junit-xml", str(junit))
+    assert rc == 2
+    assert "no such model file" in capsys.readouterr().err
+    assert rep["exit_code"] == 2 and rep["tool_error"]
+    validate_junit(junit)
+
+
+def test_not_a_model_is_exit_2(tmp_path, capsys):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"this is not a GGUF file at all")
+    rc, _ = check(tmp_path, "--model", str(bad))
+    assert rc == 2 and "bad magic" in capsys.readouterr().err
+
+
+def test_bad_config_is_exit_2(tmp_path, capsys):
+    cfg = tmp_path / "epmci.yaml"
+    cfg.write_text("engine:\n  timeout_s: soon\n")
+    assert epmci_main(["check", "--config", str(cfg)]) == 2
+    assert "engine.timeout_s must be float" in capsys.readouterr().err
+    assert epmci_main(["check", "--set", "layer.layers=[0, x]"]) == 2
+    assert epmci_main(["check", "--suites", "kernel,nosuch"]) == 2
+    assert epmci_main(["check", "--layers", "0,one"]) == 2
+    assert epmci_main(["check", "--config", str(tmp_path / "missing.yaml")]) == 2
+
+
+def test_engine_build_failure_is_exit_2_with_compiler_message(tmp_path, tiny_model, capsys):
+    build = (f"{shlex.quote(sys.executable)} -c \"import sys; "
+             f"sys.stderr.write('kernels.c:12: error: expected ; before }}\\n'); sys.exit(1)\"")
+    engine = f"{shlex.quote(sys.executable)} -m engine"
+    junit = tmp_path / "j.xml"
+    rc, rep = check(tmp_path, "--model", str(tiny_model), "--engine-cmd", engine, "--build-cmd", build,
+                    "--junit-xml", str(junit))
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "engine build failed" in err and "kernels.c:12: error: expected ;" in err
+    assert [s["name"] for s in rep["suites"]] == ["build"]       # no check ran
+    validate_junit(junit)
+    assert epmci_main(["build", "--model", str(tiny_model), "--engine-cmd", engine, "--build-cmd", build]) == 2
+    assert "kernels.c:12" in capsys.readouterr().err
+
+
+def test_build_bundled_engine_reports_seconds(tiny_model, capsys, built_engine):
+    assert epmci_main(["build", "--model", str(tiny_model)]) == 0
+    out = capsys.readouterr().out
+    assert "built in" in out and " s" in out
+
+
+# ----------------------------------------------------------------- defaults
+
+def test_no_arguments_uses_the_repo_config_and_ci_model(tmp_path, monkeypatch, ci_model, built_engine):
+    """From the repo root, `epmci check` finds epmci.yaml and the ci preset (one kernel pair
+    here, to keep the test short)."""
+    monkeypatch.chdir(REPO)
+    js = tmp_path / "r.json"
+    rc = epmci_main(["check", "-q", "--no-build", "--suites", "kernel", "--set", "kernel.pairs=[[7, 63]]",
+                     "--json", str(js)])
+    rep = json.loads(js.read_text())
+    assert rc == 0, rep
+    assert rep["meta"]["config"] == str(REPO / "epmci.yaml")
+    assert rep["meta"]["model"] == str(ci_model) and rep["meta"]["model_setting"] == "ci"
+    (r,) = rep["suites"][0]["results"]
+    assert r["name"] == "L7 E63" and r["properties"]["expert_types"] == "Q4_K/Q4_K/Q6_K"

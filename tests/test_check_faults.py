@@ -1,0 +1,285 @@
+"""Each layer of `epmci check` catches what it exists for: the check is run against
+deliberately broken copies of the engine and must fail with a message that points at the
+fault (and, where it matters, the layers that cannot see the fault must still pass).
+
+A broken copy is a small script written into tmp_path that imports the bundled engine,
+monkeypatches one thing, and runs engine.cli.main(): driven with --engine-cmd, exactly as
+an external engine would be. Nothing in the engine's production code knows about faults.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import textwrap
+
+import pytest
+
+from epmci.cli import main as epmci_main
+
+pytestmark = pytest.mark.usefixtures("built_engine")
+
+
+@pytest.fixture(scope="session")
+def built_engine(tiny_model, tmp_path_factory):
+    """Compile the bundled engine's kernels once (the broken copies are external engines,
+    which `epmci check` does not build); workers take turns on a lock."""
+    import fcntl
+    import tempfile
+    from pathlib import Path
+
+    from epmci.build import build_engine
+    from epmci.config import CheckConfig
+    with open(Path(tempfile.gettempdir()) / "epmci-test-build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        r = build_engine(CheckConfig(), tiny_model, 4.0, tmp_path_factory.mktemp("build"))
+    assert r.status == "pass", (r.message, r.stderr_tail)
+    return r
+
+HEADER = "import sys, time\nimport numpy as np\nimport engine.cli\n"
+FOOTER = "\nsys.exit(engine.cli.main())\n"
+
+
+def broken_engine(tmp_path, patch: str, name: str = "broken_engine.py") -> str:
+    script = tmp_path / name
+    script.write_text(HEADER + textwrap.dedent(patch) + FOOTER)
+    return f"{shlex.quote(sys.executable)} {shlex.quote(str(script))}"
+
+
+def run_check(tmp_path, model, engine_cmd: str | None, *args: str) -> tuple[int, dict]:
+    out = tmp_path / "report.json"
+    argv = ["check", "--model", str(model), "--json", str(out), "--jobs", "2", "-q",
+            "--workdir", str(tmp_path / "work")]
+    if engine_cmd:
+        argv += ["--engine-cmd", engine_cmd]
+    rc = epmci_main(argv + list(args))
+    report = json.loads(out.read_text()) if out.exists() else {}
+    return rc, report
+
+
+def results(report: dict, suite: str) -> list[dict]:
+    for s in report["suites"]:
+        if s["name"] == suite:
+            return s["results"]
+    return []
+
+
+def statuses(report: dict, suite: str) -> dict[str, str]:
+    return {r["name"]: r["status"] for r in results(report, suite)}
+
+
+# ----------------------------------------------------------------- kernel layer
+
+def test_kernel_catches_wrong_q6k_scale(tmp_path, tiny_model):
+    """Q6_K products 0.2% too large: the Q6_K experts fail, the Q5_K ones pass."""
+    cmd = broken_engine(tmp_path, """
+        import engine.kernels as K, engine.model as M
+        good = M._Q8K_KERNELS[K.Q6_K]
+        M._Q8K_KERNELS[K.Q6_K] = lambda w, d, qs, bsums: good(w, d, qs, bsums) * np.float32(1.002)
+    """)
+    rc, rep = run_check(tmp_path, tiny_model, cmd, "--suites", "kernel",
+                        "--set", "kernel.pairs=[[0, 0], [1, 7]]")
+    assert rc == 1
+    st = statuses(rep, "kernel")
+    assert st == {"L0 E0": "pass", "L1 E7": "fail"}, st
+    bad = results(rep, "kernel")[1]
+    assert "Q6_K" in bad["message"] and "expert output differs from the reference" in bad["message"]
+    assert "slot bytes" not in bad["message"]          # the bytes were right, the math was not
+    assert bad["properties"]["max_abs_err"] > 0
+
+
+def test_kernel_catches_wrong_offset_in_paged_path(tmp_path, tiny_model):
+    """The pager reads expert e-1's bytes for expert e (off by one expert): the selftest's
+    slot hash names the expert whose bytes are in the slot; e2e A/B sees it too."""
+    cmd = broken_engine(tmp_path, """
+        import engine.arena as A
+        good = A.LayerLayout.ranges
+        A.LayerLayout.ranges = lambda self, expert: good(self, expert - 1 if expert > 0 else expert)
+    """)
+    rc, rep = run_check(tmp_path, tiny_model, cmd, "--suites", "kernel,e2e",
+                        "--set", "kernel.pairs=[[3, 0], [3, 7]]", "--set", "prompts.e2e=[Hello]")
+    assert rc == 1
+    st = statuses(rep, "kernel")
+    assert st["L3 E0"] == "pass" and st["L3 E7"] == "fail", st
+    msg = results(rep, "kernel")[1]["message"]
+    assert "slot bytes differ from the file's expert bytes" in msg
+    assert "holds the bytes of L3 E6" in msg
+    e2e = results(rep, "e2e")
+    assert [r["status"] for r in e2e] == ["fail"]
+    assert "paged differs from --no-pager" in e2e[0]["message"]
+
+
+# ----------------------------------------------------------------- layer & prefetch-stress
+
+WRONG_SIZE_PREFETCH = """
+    # A prefetch of a large-slot expert takes a free/evictable SMALL slot (the slot class is
+    # not checked), and the read is not bounds-checked either: it writes past the small slot
+    # into its neighbour -- the bug the original project's prefetch-stress layer was added for.
+    import engine.cache_policy as C, engine.pager as P
+    def prefetch(self, key, current_layer, clock, protect=frozenset()):
+        if key in self.where or not self.admissible(key):
+            return None
+        k = self.cls(key)
+        k_slot = 0 if k == 1 and len(self.n_slots) == 2 else k
+        taken = self._take(k_slot, lambda v: v[0] != current_layer and v not in self.in_use
+                           and v not in self.outstanding and v not in protect)
+        if taken is None:
+            return None
+        slot, victim = taken
+        self.where[key] = slot
+        self.owner[slot] = key
+        self.lru[k_slot][key] = slot
+        self.outstanding[key] = clock
+        self.prefetch_issued += 1
+        return C.Decision(key, False, slot, victim)
+    C.CachePolicy.prefetch = prefetch
+
+    def read_into_slot(self, key, slot):
+        layout = self.layouts[key[0]]
+        h = self.slot_read[slot]
+        if h is not None:
+            self._wait(h)
+        off = self.arena.slot_offset[slot]
+        mem = memoryview(self.arena.mem)[off:off + layout.slot_bytes]
+        self.slot_read[slot] = self.io.submit(self._ranges(key, self._arena_addr + off, mem))
+    P.Pager._read_into_slot = read_into_slot
+"""
+
+
+def test_prefetch_stress_catches_prefetch_into_wrong_size_slot(tmp_path, tiny_model):
+    cmd = broken_engine(tmp_path, WRONG_SIZE_PREFETCH)
+    rc, rep = run_check(tmp_path, tiny_model, cmd, "--suites", "layer,prefetch-stress",
+                        "--set", "prefetch_stress.layouts=[mixed]")
+    assert rc == 1
+    # the demand path (prefetch off) never hits the bug
+    assert set(statuses(rep, "layer").values()) == {"pass"}
+    stress = results(rep, "prefetch-stress")
+    failed = [r for r in stress if r["status"] == "fail"]
+    assert failed, stress
+    assert all(r["name"].startswith("mixed") for r in failed)
+    assert any("MoE output differs from the reference" in r["message"] for r in failed), failed
+
+
+SLOT_BEFORE_READ = """
+    # Compute from a slot without waiting for its read; the reader threads are slow (a busy
+    # disk), so the bytes are not there yet.
+    import engine.expert_io as IO, engine.pager as P
+    slow = IO.ExpertIO._read
+    def read(self, *a):
+        time.sleep(0.003)
+        return slow(self, *a)
+    IO.ExpertIO._read = read
+    def views_of(self, layer, d):
+        layout = self.layouts[layer]
+        if d.slot < 0:
+            buf, h = self._transient[d.key]
+            self._wait(h)
+            return tuple(buf[p.offset_in_slot:p.offset_in_slot + p.stride].reshape(p.rows, p.row_bytes)
+                         for p in layout.parts)
+        return self.arena.expert_views(d.slot, layout, self.shape_id[layer])   # no wait
+    P.Pager._views_of = views_of
+"""
+
+
+def test_prefetch_stress_catches_slot_computed_before_read_completed(tmp_path, tiny_model):
+    cmd = broken_engine(tmp_path, SLOT_BEFORE_READ)
+    rc, rep = run_check(tmp_path, tiny_model, cmd, "--suites", "prefetch-stress",
+                        "--set", "prefetch_stress.layouts=[mixed]")
+    assert rc == 1
+    failed = [r for r in results(rep, "prefetch-stress") if r["status"] == "fail"]
+    assert any("MoE output differs from the reference" in r["message"] for r in failed), failed
+
+
+# ----------------------------------------------------------------- determinism
+
+THREAD_DEPENDENT_SUM = """
+    # RMSNorm's sum of squares accumulated in per-thread partial sums: the result depends on
+    # the thread count (every other layer recomputes from the dumped input, so only the
+    # determinism layer can see it).
+    import engine.ops as O, engine.kernels as K
+    good = O.rms_norm
+    def rms_norm(x, w, eps):
+        t = K.get_threads()
+        if t == 1:
+            return good(x, w, eps)
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        parts = np.array_split(x * x, t, axis=-1)
+        ss = parts[0].sum(axis=-1, dtype=np.float32)
+        for p in parts[1:]:
+            ss = ss + p.sum(axis=-1, dtype=np.float32)
+        scale = np.float32(1.0) / np.sqrt(ss / np.float32(x.shape[-1]) + np.float32(eps))
+        return (x * scale[:, None] * w).astype(np.float32)
+    O.rms_norm = rms_norm
+"""
+
+
+def test_determinism_catches_thread_count_dependent_accumulation(tmp_path, tiny_model):
+    cmd = broken_engine(tmp_path, THREAD_DEPENDENT_SUM)
+    rc, rep = run_check(tmp_path, tiny_model, cmd, "--suites", "determinism,layer",
+                        "--set", "engine.threads=1", "--set", "determinism.threads_alt=2")
+    assert rc == 1
+    assert set(statuses(rep, "layer").values()) == {"pass"}
+    st = statuses(rep, "determinism")
+    assert st == {"page cache dropped": "pass", "threads 1 vs 2": "fail"}, st
+    msg = results(rep, "determinism")[1]["message"]
+    assert "logits not byte-identical with -t 2" in msg
+
+
+# ----------------------------------------------------------------- fail closed
+
+def test_crashing_engine_fails_with_reason(tmp_path, tiny_model):
+    cmd = broken_engine(tmp_path, """
+        if "--selftest" in sys.argv:
+            print("about to die", file=sys.stderr, flush=True)
+            import os; os.abort()
+    """)
+    rc, rep = run_check(tmp_path, tiny_model, cmd, "--suites", "kernel", "--set", "kernel.pairs=[[0, 0]]")
+    assert rc == 1
+    (r,) = results(rep, "kernel")
+    assert r["status"] == "fail"
+    assert "engine crashed (SIGABRT)" in r["message"]
+    assert "about to die" in r["stderr_tail"]
+
+
+def test_hanging_engine_times_out(tmp_path, tiny_model):
+    cmd = broken_engine(tmp_path, """
+        print("stuck", file=sys.stderr, flush=True)
+        time.sleep(600)
+    """)
+    t0 = __import__("time").perf_counter()
+    rc, rep = run_check(tmp_path, tiny_model, cmd, "--suites", "kernel", "--set", "kernel.pairs=[[0, 0]]",
+                        "--timeout", "3")
+    assert __import__("time").perf_counter() - t0 < 60
+    assert rc == 1
+    (r,) = results(rep, "kernel")
+    assert r["status"] == "fail" and "timed out after 3 s" in r["message"]
+    assert "stuck" in r["stderr_tail"]
+
+
+def test_missing_dump_and_slot_error_fail(tmp_path, tiny_model):
+    """An engine that writes no MoE dump and prints a SLOT-ERROR: never a pass."""
+    cmd = broken_engine(tmp_path, """
+        import os
+        os.environ.pop("SDQ_MOE_DUMP", None)
+        if os.environ.get("SDQ_PREFETCH") == "1":
+            print("[epm] SLOT-ERROR slot 3 holds (1, 2), computed as (1, 5)", file=sys.stderr)
+    """)
+    rc, rep = run_check(tmp_path, tiny_model, cmd, "--suites", "layer,prefetch-stress",
+                        "--set", "prefetch_stress.layouts=[uniform]", "--layers", "0")
+    assert rc == 1
+    (r,) = results(rep, "layer")
+    assert r["status"] == "fail" and "MoE dump unusable" in r["message"] and "missing" in r["message"]
+    st = statuses(rep, "prefetch-stress")
+    assert st == {"uniform run": "fail", "uniform L0": "fail"}
+    head = results(rep, "prefetch-stress")[0]
+    assert "SLOT-ERROR slot 3" in head["message"]
+
+
+def test_engine_refusing_the_arena_is_reported(tmp_path, tiny_model):
+    """An arena the engine refuses (exit 2) fails the check with the engine's message."""
+    rc, rep = run_check(tmp_path, tiny_model, None, "--no-build", "--suites", "kernel",
+                        "--set", "kernel.pairs=[[0, 0]]", "--arena-mb", "0.01")
+    assert rc == 1
+    (r,) = results(rep, "kernel")
+    assert "engine refused to run (exit 2)" in r["message"] and "minimum" in r["message"]

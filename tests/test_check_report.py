@@ -1,0 +1,264 @@
+"""The result model, renderers, config and contract readers of `epmci check` -- no engine runs."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+from lxml import etree
+
+from epmci import report as rep
+from epmci.check.compare import compare_arrays, compare_logits, logits_verdict
+from epmci.check.result import CheckReport, CheckResult, SuiteInfo
+from epmci.config import CheckConfig, Tolerance, find_config, load_config, parse_set
+from epmci.contract_io import (ContractError, read_logits, read_moe_dump, read_selftest, read_stats,
+                               slot_errors, stats_counters)
+from epmci.errors import InputError
+
+REPO = Path(__file__).resolve().parent.parent
+XSD = Path(__file__).parent / "data" / "junit-10.xsd"
+
+
+def validate_junit(path_or_text) -> None:
+    schema = etree.XMLSchema(etree.parse(str(XSD)))
+    doc = etree.parse(str(path_or_text)) if isinstance(path_or_text, Path) else \
+        etree.fromstring(path_or_text.encode())
+    tree = doc if isinstance(doc, etree._ElementTree) else etree.ElementTree(doc)
+    assert schema.validate(tree), schema.error_log
+
+
+def sample_report() -> CheckReport:
+    r = CheckReport(suites=[SuiteInfo("kernel", "kernel"), SuiteInfo("perf", "perf (a later suite)")],
+                    meta={"model": "m.gguf", "engine": "bundled", "config": "epmci.yaml", "fast": True})
+    r.results = [
+        CheckResult("kernel", "L0 E0", "pass", "max_abs_err 0", {"max_abs_err": 0.0, "rows": 4}, 1.5, order=1),
+        CheckResult("kernel", "L5 E63", "fail", "L5 E63: output differs: max_abs_err 0.03 | <&> \"q\"",
+                    {"max_abs_err": 0.03, "suspect_experts": [3, 4]}, 2.25, "stderr line\n\x1b[31mred\x00",
+                    "command: x", order=2),
+        CheckResult("perf", "tok/s ci", "skip", "skipped by --no-perf", {"tok_s": 1e-7}, 0.0, order=3),
+        CheckResult("e2e", "e2e A/B", "error", "internal error: boom", {}, 1e-6, order=4),
+    ]
+    r.seconds = 12.5
+    return r
+
+
+# ----------------------------------------------------------------- rendering
+
+def test_junit_is_valid_and_carries_numbers(tmp_path):
+    path = tmp_path / "j.xml"
+    rep.write_junit(sample_report(), path)
+    validate_junit(path)
+    root = etree.parse(str(path)).getroot()
+    assert root.get("tests") == "4" and root.get("failures") == "1" and root.get("errors") == "1"
+    suites = {s.get("name"): s for s in root.iter("testsuite")}
+    assert set(suites) == {"epmci.kernel", "epmci.perf", "epmci.e2e"}
+    k = suites["epmci.kernel"]
+    props = {p.get("name"): p.get("value") for p in k.iter("property")}
+    assert props["L5 E63.max_abs_err"] == "0.03"
+    assert props["L5 E63.suspect_experts"] == "[3, 4]"
+    assert props["epmci.model"] == "m.gguf"
+    fail = k.find("testcase[@name='L5 E63']/failure")
+    assert "max_abs_err 0.03" in fail.get("message")
+    assert "stderr line" in k.find("testcase[@name='L5 E63']/system-err").text
+    assert suites["epmci.perf"].find("testcase/skipped").get("message") == "skipped by --no-perf"
+    assert suites["epmci.e2e"].find("testcase/error") is not None
+
+
+def test_json_markdown_console_render_any_suite(tmp_path, monkeypatch):
+    report = sample_report()
+    d = json.loads(rep.json_string(report))
+    assert d["verdict"] == "FAIL" and d["exit_code"] == 1
+    assert [s["name"] for s in d["suites"]] == ["kernel", "perf", "e2e"]
+    assert d["suites"][0]["results"][1]["properties"]["suspect_experts"] == [3, 4]
+    md = rep.markdown(report)
+    assert "## epmci check: FAIL" in md and "| perf | tok/s ci |" in md
+    assert "skipped by --no-perf" in md and "<details>" in md
+    con = rep.render_console(report, width=120)
+    assert "L5 E63" in con and "Failures:" in con and "1 passed, 1 failed, 1 errors, 1 skipped" in con
+    summary = tmp_path / "summary.md"
+    summary.write_text("earlier step\n")
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    assert rep.append_step_summary(report) == summary
+    text = summary.read_text()
+    assert text.startswith("earlier step\n") and "## epmci check: FAIL" in text
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY")
+    assert rep.append_step_summary(report) is None
+
+
+def test_exit_codes_of_the_report():
+    r = CheckReport(results=[CheckResult("a", "x", "pass"), CheckResult("a", "y", "skip")])
+    assert r.exit_code == 0 and r.verdict == "PASS"
+    r.results.append(CheckResult("a", "z", "error"))
+    assert r.exit_code == 1
+    r.tool_error = "model: no such file"
+    assert r.exit_code == 2
+    assert CheckReport().exit_code == 1          # nothing ran: not a pass
+    with pytest.raises(ValueError):
+        CheckResult("a", "b", "passed")
+
+
+def test_progress_lines(capsys):
+    p = rep.ConsoleProgress()
+    p.planned(2)
+    p(CheckResult("kernel", "L0 E0", "pass", "ok", seconds=1.0))
+    out = capsys.readouterr().out
+    assert out.startswith("[1/2] kernel") and "PASS" in out
+
+
+# ----------------------------------------------------------------- comparisons
+
+def test_compare_arrays_tolerance_nan_and_empty():
+    ref = np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)
+    assert compare_arrays(ref.copy(), ref, Tolerance()).ok
+    got = ref.copy()
+    got[1, 0] += 1e-3
+    d = compare_arrays(got, ref, Tolerance())
+    assert not d.ok and d.worst == (1, 0) and list(d.bad_rows) == [1]
+    assert compare_arrays(got, ref, Tolerance(atol=2e-3)).ok
+    assert compare_arrays(got, ref, Tolerance(rtol=1e-3)).ok
+    got[0, 0] = np.nan
+    d = compare_arrays(got, ref, Tolerance(atol=1.0))
+    assert not d.ok and d.n_nan == 1
+    assert not compare_arrays(np.zeros((0, 2)), np.zeros((0, 2)), Tolerance()).ok   # empty: not a pass
+    assert "shape" in compare_arrays(ref[:1], ref, Tolerance()).text()
+
+
+def test_logits_modes():
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((3, 50)).astype(np.float32)
+    assert logits_verdict(compare_logits(a, a.copy()), "exact", 0)
+    b = a + np.float32(1e-4)
+    b[1, 7] += np.float32(1e-3)
+    d = compare_logits(a, b)
+    assert not d.identical and d.rows_differ == 3
+    assert not logits_verdict(d, "exact", 0)
+    assert logits_verdict(d, "argmax", 0)
+    assert logits_verdict(d, "kl", 1e-5) and not logits_verdict(d, "kl", 0.0)
+    c = a.copy()
+    c[2] = -c[2]
+    assert not logits_verdict(compare_logits(a, c), "argmax", 0)
+    assert not logits_verdict(compare_logits(a, a[:2]), "kl", 1.0)          # row counts differ
+    assert not logits_verdict(compare_logits(a[:0], a[:0]), "exact", 0)     # empty
+
+
+# ----------------------------------------------------------------- contract readers
+
+def test_readers_reject_malformed_files(tmp_path):
+    p = tmp_path / "f"
+    with pytest.raises(ContractError, match="missing"):
+        read_logits(p)
+    p.write_bytes(struct.pack("<i", 4) + b"\0" * 10)
+    with pytest.raises(ContractError, match="whole number of rows"):
+        read_logits(p)
+    p.write_bytes(struct.pack("<i", 2) + np.arange(4, dtype="<f4").tobytes())
+    assert read_logits(p).shape == (2, 2)
+    rec = b"EPMD" + struct.pack("<5I", 1, 3, 2, 4, 2) + b"\0" * (4 * (2 * 4 * 2 + 2 * 2 * 2))
+    p.write_bytes(rec + rec[:30])
+    with pytest.raises(ContractError, match="truncated"):
+        read_moe_dump(p)
+    p.write_bytes(rec)
+    assert read_moe_dump(p, layer=3, n_embd=4, k=2).n_rows == 2
+    with pytest.raises(ContractError, match="layer 3, expected 4"):
+        read_moe_dump(p, layer=4)
+    p.write_bytes(b"")
+    with pytest.raises(ContractError, match="empty"):
+        read_moe_dump(p)
+    st = b"EPMS" + struct.pack("<5I", 1, 0, 5, 1, 2) + b"s" * 32 + np.zeros(4, "<f4").tobytes()
+    p.write_bytes(st)
+    assert read_selftest(p, layer=0, expert=5).expert == 5
+    with pytest.raises(ContractError, match="expert 5, expected 6"):
+        read_selftest(p, expert=6)
+    p.write_bytes(st[:-1])
+    with pytest.raises(ContractError):
+        read_selftest(p)
+    p.write_text('{"phase": "prefill", "tokens": 3, "seconds": 1.0, "hits": 2}\nnot json\n')
+    with pytest.raises(ContractError, match="line 2"):
+        read_stats(p)
+    p.write_text('{"phase": "prefill", "tokens": 3, "seconds": 1.0, "hits": 2}\n')
+    assert stats_counters(read_stats(p)) == {"prefill.tokens": 3, "prefill.hits": 2}
+    assert slot_errors("x\n[epm] SLOT-ERROR slot 1 bad\n") == ["[epm] SLOT-ERROR slot 1 bad"]
+
+
+# ----------------------------------------------------------------- config
+
+def test_repo_config_is_found_and_equals_the_defaults(monkeypatch, tmp_path):
+    monkeypatch.chdir(REPO / "tests")
+    assert find_config() == REPO / "epmci.yaml"
+    cfg = load_config()
+    assert cfg.source == str(REPO / "epmci.yaml")
+    assert cfg.to_dict() == CheckConfig().to_dict()
+    monkeypatch.chdir(tmp_path)
+    if find_config() is None:
+        assert load_config().source == "<defaults>"
+
+
+def test_config_overrides_and_errors(tmp_path):
+    cfg = load_config(search=False, overrides=parse_set(
+        ["layer.tolerance.atol=1e-6", "kernel.pairs=[[0, 1]]", "engine.cmd=./bin --x", "run.arena_mb=12"]))
+    assert cfg.layer.tolerance.atol == 1e-6 and cfg.kernel.pairs == [[0, 1]]
+    assert cfg.engine.cmd == "./bin --x" and cfg.run.arena_mb == 12.0
+    bad = tmp_path / "bad.yaml"
+    for text, msg in (("nope: 1\n", "unknown setting 'nope'"),
+                      ("engine: {threads: two}\n", "engine.threads must be int"),
+                      ("e2e: {compare: fuzzy}\n", "e2e.compare"),
+                      ("suites: [kernel, perf2]\n", "suites: unknown"),
+                      ("layer: {tolerance: {atol: -1}}\n", "atol"),
+                      ("[1, 2]\n", "top level must be a mapping"),
+                      ("a: [\n", "not valid YAML")):
+        bad.write_text(text)
+        with pytest.raises(InputError, match=msg.replace("[", r"\[").replace("(", r"\(")):
+            load_config(bad)
+    with pytest.raises(InputError, match="config file not found"):
+        load_config(tmp_path / "none.yaml")
+    with pytest.raises(InputError, match="KEY=VALUE"):
+        parse_set(["novalue"])
+
+
+# ----------------------------------------------------------------- the runner, with a plugged-in suite
+
+def test_runner_plugs_in_a_suite_and_fails_closed(monkeypatch, tiny_model, tmp_path):
+    """A new suite needs only a SUITE object in the registry: its tasks run in the pool,
+    results come back in plan order whatever the completion order, a task that raises or
+    returns nothing is an `error`, and every renderer handles it."""
+    import time as _time
+
+    from epmci import config as config_mod
+    from epmci.check import runner, suites
+    from epmci.check.suites.base import Task
+
+    class FakePerf:
+        name, title, description = "perf", "perf: a later suite", "tok/s against golden baselines"
+
+        def plan(self, ctx):
+            def slow():
+                _time.sleep(0.3)
+                return [CheckResult("perf", "slow", "pass", "12.5 tok/s", {"tok_s": 12.5})]
+
+            def boom():
+                raise RuntimeError("the baseline file is unreadable")
+
+            return [Task("perf", "slow", slow, ["slow"], cost=1),
+                    Task("perf", "boom", boom, ["boom"], cost=1),
+                    Task("perf", "empty", lambda: [], ["empty"], cost=1),
+                    CheckResult("perf", "drift", "skip", "skipped by --no-perf")]
+
+    monkeypatch.setitem(suites.SUITES, "perf", FakePerf())
+    monkeypatch.setattr(config_mod, "SUITE_NAMES", (*config_mod.SUITE_NAMES, "perf"))
+    cfg = load_config(search=False, overrides={"model": str(tiny_model), "suites": ["perf"],
+                                               "run": {"jobs": 3}})
+    seen = []
+    report = runner.run_check(cfg, seen.append, build=False, workdir=tmp_path)
+    assert [r.name for r in report.by_suite()["perf"]] == ["slow", "boom", "empty", "drift"]
+    st = {r.name: r.status for r in report.results}
+    assert st == {"slow": "pass", "boom": "error", "empty": "error", "drift": "skip"}
+    boom = next(r for r in report.results if r.name == "boom")
+    assert "the baseline file is unreadable" in boom.message and "Traceback" in boom.details
+    assert len(seen) == 4 and report.exit_code == 1
+    assert report.meta["workdir_kept"]                      # kept for inspection: not all passed
+    path = tmp_path / "j.xml"
+    rep.write_junit(report, path)
+    validate_junit(path)
+    assert "perf" in rep.markdown(report) and json.loads(rep.json_string(report))["suites"][0]["name"] == "perf"
