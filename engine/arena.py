@@ -174,6 +174,10 @@ class Arena:
             base = self.slot_offset[slot]
             v = tuple(self.buf[base + p.offset_in_slot: base + p.offset_in_slot + p.stride]
                       .reshape(p.rows, p.row_bytes) for p in layout.parts)
+            # Compute only reads slots (I/O writes through the mapping, not these views);
+            # read-only views also share the resident path's compiled kernels.
+            for a in v:
+                a.flags.writeable = False
             self._views[key] = v
         return v
 

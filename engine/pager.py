@@ -319,8 +319,11 @@ class Pager:
         if d.slot < 0:
             buf, h = self._transient[d.key]
             self._wait(h)
-            return tuple(buf[p.offset_in_slot:p.offset_in_slot + p.stride].reshape(p.rows, p.row_bytes)
-                         for p in layout.parts)
+            views = tuple(buf[p.offset_in_slot:p.offset_in_slot + p.stride].reshape(p.rows, p.row_bytes)
+                          for p in layout.parts)
+            for a in views:
+                a.flags.writeable = False  # same kernel specializations as slots and the mapped file
+            return views
         slot = d.slot
         if self.policy.owner[slot] != d.key:
             raise slot_error(f"slot {slot} holds {self.policy.owner[slot]}, computed as {d.key}")
