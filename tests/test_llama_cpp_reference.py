@@ -19,7 +19,10 @@ TEXT = "The capital of France is Paris. 東京は日本の首都です。 def f(
 
 
 def llama_logits(path, tokens) -> np.ndarray:
-    llm = llama_cpp.Llama(model_path=str(path), n_ctx=256, n_batch=64, n_threads=2, verbose=False)
+    # flash_attn off: its CPU path accumulates V in f16, which is not the graph the engine
+    # (and llama.cpp without flash attention) computes.
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=256, n_batch=64, n_threads=2, flash_attn=False,
+                          verbose=False)
     rows = []
     for t in tokens:  # one token per eval: the last logits are that position's
         llm.eval([int(t)])
@@ -47,6 +50,10 @@ def test_engine_logits_agree_with_llama_cpp(preset, request):
     print(f"\n{preset}: top-1 agreement {top1:.4f}, KL mean {kl.mean():.3e} max {kl.max():.3e}, "
           f"max |dlogit| {np.abs(ours - theirs).max():.4f}")
     assert top1 >= 0.99, f"top-1 agreement {top1:.3f} < 0.99 (KL max {kl.max():.3e})"
+    # The synthetic models' argmax is decisive by construction (see synth._embedding), so
+    # KL is the sensitive measure: observed <= 2e-3 mean; a graph error (e.g. normal
+    # instead of NEOX RoPE) is orders of magnitude above that.
+    assert kl.mean() < 1e-2, f"KL mean {kl.mean():.3e}"
 
 
 @pytest.mark.parametrize("preset", ["tiny", "ci"])

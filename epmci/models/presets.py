@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from gguf import GGMLQuantizationType as Q
 
 # Bump when the bytes a preset + seed produce change; part of the cache key.
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 
 
 @dataclass(frozen=True)
