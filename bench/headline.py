@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""Headline benchmark: the paged engine vs llama.cpp (mmap) inside a memory cap.
+
+Both run the same GGUF (default: the bench preset, ~3 GB) in a cgroup-v1 memory limit of
+one third of the file -- the limit counts the page cache too, so llama.cpp's mmap cannot
+keep the model resident and the engine must live within its arena. The model's pages are
+dropped from the page cache before every run. Decode tok/s, median of --repeat runs,
+interleaved (engine, llama.cpp, engine, ...) so both see the same machine conditions.
+Needs root and /sys/fs/cgroup/memory. llama.cpp is skipped when llama_cpp is absent.
+
+Usage: python bench/headline.py [--model PATH] [--repeat 3] [--n-predict 16] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
+PROMPT = "Write a short paragraph about how mixture-of-experts models route tokens."
+
+LLAMA_SCRIPT = textwrap.dedent("""
+    import json, sys, time
+    import llama_cpp
+    import numpy as np
+    model, prompt, n, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    llm = llama_cpp.Llama(model_path=model, n_ctx=512, n_threads=threads, use_mmap=True,
+                          flash_attn=False, verbose=False)
+    toks = llm.tokenize(prompt.encode(), add_bos=False, special=True)
+    t0 = time.perf_counter(); llm.eval(toks); t1 = time.perf_counter()
+    for _ in range(n):
+        ptr = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
+        llm.eval([int(np.ctypeslib.as_array(ptr, shape=(llm.n_vocab(),)).argmax())])
+    t2 = time.perf_counter()
+    print(json.dumps({"prefill_s": t1 - t0, "decode_tok_s": n / (t2 - t1)}))
+""")
+
+
+class MemoryCap:
+    """A cgroup-v1 memory cgroup with a hard limit; children join it before exec."""
+
+    def __init__(self, limit_bytes: int):
+        self.path = CGROUP_ROOT / f"epmci-headline-{os.getpid()}"
+        self.path.mkdir()
+        (self.path / "memory.limit_in_bytes").write_text(str(limit_bytes))
+        self.limit = limit_bytes
+
+    def join(self) -> None:  # runs in the child between fork and exec
+        (self.path / "cgroup.procs").write_text(str(os.getpid()))
+
+    def stats(self) -> dict:
+        return {"max_usage_mb": int((self.path / "memory.max_usage_in_bytes").read_text()) / 2**20,
+                "failcnt": int((self.path / "memory.failcnt").read_text())}
+
+    def reset(self) -> None:
+        (self.path / "memory.max_usage_in_bytes").write_text("0")
+
+    def close(self) -> None:
+        self.path.rmdir()
+
+
+def drop_page_cache(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def run_capped(cap: MemoryCap, cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
+    cap.reset()
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, preexec_fn=cap.join)
+    except subprocess.TimeoutExpired as e:
+        return subprocess.CompletedProcess(cmd, -999, e.stdout or "", f"timeout after {timeout}s")
+
+
+def engine_run(cap, model, a, arena_mb) -> dict:
+    with tempfile.TemporaryDirectory() as td:
+        stats = Path(td) / "s.jsonl"
+        cmd = [sys.executable, "-m", "engine", "-m", model, "-p", PROMPT, "-n", str(a.n_predict),
+               "-t", str(a.threads), "-b", "8", "--no-chat", "--arena-mb", str(arena_mb),
+               "--ram-budget-mb", str(cap.limit // 2**20), "--stats-file", str(stats)]
+        r = run_capped(cap, cmd, a.timeout)
+        if r.returncode != 0:
+            return {"error": f"exit {r.returncode}: {r.stderr.strip()[-300:]}", **cap.stats()}
+        dec = {json.loads(l)["phase"]: json.loads(l) for l in stats.read_text().splitlines()}["decode"]
+        return {"tok_s": dec["tok_s"], "hit_rate": dec["hit_rate"],
+                "mb_per_token": dec["ssd_bytes_per_token"] / 2**20, "peak_rss_mb": dec["peak_rss_mb"],
+                **cap.stats()}
+
+
+def llama_run(cap, model, a) -> dict:
+    r = run_capped(cap, [sys.executable, "-c", LLAMA_SCRIPT, model, PROMPT, str(a.n_predict), str(a.threads)],
+                   a.timeout)
+    if r.returncode != 0:
+        why = "OOM-killed" if r.returncode in (-9, 137) else f"exit {r.returncode}"
+        return {"error": f"{why}: {r.stderr.strip()[-200:]}", **cap.stats()}
+    return {"tok_s": json.loads(r.stdout.strip().splitlines()[-1])["decode_tok_s"], **cap.stats()}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--n-predict", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--cap-fraction", type=float, default=1 / 3)
+    ap.add_argument("--arena-fraction", type=float, default=0.55, help="of the cap, for the engine's arena")
+    ap.add_argument("--timeout", type=float, default=1800)
+    a = ap.parse_args()
+    if not CGROUP_ROOT.is_dir() or os.geteuid() != 0:
+        sys.exit("needs root and the cgroup-v1 memory controller at /sys/fs/cgroup/memory")
+    if a.model is None:
+        from epmci.models.store import make_model
+        a.model = str(make_model("bench"))
+    size = os.path.getsize(a.model)
+    cap = MemoryCap(int(size * a.cap_fraction))
+    arena_mb = int(cap.limit * a.arena_fraction / 2**20)
+    try:
+        import llama_cpp  # noqa: F401
+        have_llama = True
+    except ImportError:
+        have_llama = False
+    runs: dict[str, list[dict]] = {"engine": [], "llama.cpp": []}
+    try:
+        for i in range(a.repeat):
+            drop_page_cache(a.model)
+            runs["engine"].append(engine_run(cap, a.model, a, arena_mb))
+            print(f"[{i + 1}/{a.repeat}] engine    {runs['engine'][-1]}", file=sys.stderr)
+            if have_llama:
+                drop_page_cache(a.model)
+                runs["llama.cpp"].append(llama_run(cap, a.model, a))
+                print(f"[{i + 1}/{a.repeat}] llama.cpp {runs['llama.cpp'][-1]}", file=sys.stderr)
+    finally:
+        cap.close()
+    print(f"model {a.model}: {size / 2**30:.2f} GiB; cap {cap.limit / 2**30:.2f} GiB "
+          f"({a.cap_fraction:.2f} of the file); engine arena {arena_mb} MiB; -t {a.threads}; "
+          f"{a.n_predict} decoded tokens; median of {a.repeat}")
+    print("| engine | decode tok/s | runs ok | hit rate | MiB/token | peak cgroup MiB |")
+    print("|---|---:|---:|---:|---:|---:|")
+    med = {}
+    for name, rs in runs.items():
+        ok = [r for r in rs if "tok_s" in r]
+        if not rs:
+            print(f"| {name} | not installed | | | | |")
+            continue
+        if not ok:
+            print(f"| {name} | failed: {rs[0]['error'][:60]} | 0/{len(rs)} | | | {max(r['max_usage_mb'] for r in rs):.0f} |")
+            continue
+        med[name] = statistics.median(r["tok_s"] for r in ok)
+        hit = statistics.median(r["hit_rate"] for r in ok) if "hit_rate" in ok[0] else None
+        mbt = statistics.median(r["mb_per_token"] for r in ok) if "mb_per_token" in ok[0] else None
+        print(f"| {name} | {med[name]:.2f} | {len(ok)}/{len(rs)} | {'' if hit is None else f'{hit:.1f} %'} "
+              f"| {'' if mbt is None else f'{mbt:.1f}'} | {max(r['max_usage_mb'] for r in ok):.0f} |")
+    if len(med) == 2:
+        print(f"\nratio engine / llama.cpp: {med['engine'] / med['llama.cpp']:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
