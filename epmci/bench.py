@@ -18,6 +18,7 @@ deltas against the baseline row.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import sys
 import time
@@ -53,13 +54,20 @@ class Experiment:
     env: dict = field(default_factory=dict)    # SDQ_* overrides
     note: str = ""
 
-    def spec(self, prompt: str, fixed: dict, expert_bytes: int, routing_profile: str | None = None) -> RunSpec:
+    def spec(self, prompt: str, fixed: dict, expert_bytes: int, routing_profile: str | None = None,
+             min_arena_mb: Callable[[int, bool], float] | None = None) -> RunSpec:
+        """The run of this experiment on `prompt`: FIXED-like conditions overridden by args/env.
+        An arena fraction is turned into MiB (rounded up in the 6th decimal), raised to
+        min_arena_mb(batch, uniform) when given (the engine refuses an arena below it)."""
         a = {**fixed, **self.args}
+        env = {k: (routing_profile or "") if v == ROUTING_PROFILE else str(v) for k, v in self.env.items()}
+        batch = int(a["batch"])
         arena_mb = a.get("arena_mb")
         if arena_mb is None and a.get("arena_fraction") is not None:
-            arena_mb = a["arena_fraction"] * expert_bytes / MiB
-        env = {k: (routing_profile or "") if v == ROUTING_PROFILE else str(v) for k, v in self.env.items()}
-        return RunSpec(prompt, n_predict=int(a["n_predict"]), batch=int(a["batch"]), ctx=int(a["ctx"]),
+            arena_mb = math.ceil(a["arena_fraction"] * expert_bytes / MiB * 1e6) / 1e6
+            if min_arena_mb is not None:
+                arena_mb = max(arena_mb, min_arena_mb(batch, env.get("SDQ_FORCE_UNIFORM_SLOT") == "1"))
+        return RunSpec(prompt, n_predict=int(a["n_predict"]), batch=batch, ctx=int(a["ctx"]),
                        threads=int(a["threads"]), arena_mb=arena_mb, ram_budget_mb=a.get("ram_budget_mb"),
                        prefetch=not a.get("no_prefetch", False), env=env)
 
@@ -169,7 +177,8 @@ def summarize(exp: Experiment, runs: list[list[Measurement]], prompts: list[str]
 
 def run_bench(experiments: list[Experiment], *, engine: EngineCommand, model: Path, expert_bytes: int,
               repeat: int, workdir: Path, fixed: dict | None = None, prompts: list[str] | None = None,
-              timeout: float = 300.0, progress: Progress | None = None) -> dict:
+              timeout: float = 300.0, progress: Progress | None = None,
+              min_arena_mb: Callable[[int, bool], float] | None = None) -> dict:
     fixed = {**FIXED, **(fixed or {})}
     prompts = list(prompts or PROMPTS)
     say = progress or (lambda s: None)
@@ -183,7 +192,7 @@ def run_bench(experiments: list[Experiment], *, engine: EngineCommand, model: Pa
     for exp in sorted(experiments, key=lambda e: e is not base):     # the baseline row first
         if exp.needs_routing_profile and routing is None:
             routing = str(workdir / "routing.profile")
-            spec = EXPERIMENTS["baseline"].spec(prompts[0], fixed, expert_bytes)
+            spec = EXPERIMENTS["baseline"].spec(prompts[0], fixed, expert_bytes, None, min_arena_mb)
             spec.profile_out = routing
             m = measure(engine, model, spec, workdir / "routing", timeout=timeout, label="routing profile")
             say(f"[bench] routing profile for hot-pin from a baseline run: "
@@ -196,7 +205,7 @@ def run_bench(experiments: list[Experiment], *, engine: EngineCommand, model: Pa
             rep = []
             for i, prompt in enumerate(prompts):
                 done += 1
-                spec = exp.spec(prompt, fixed, expert_bytes, routing)
+                spec = exp.spec(prompt, fixed, expert_bytes, routing, min_arena_mb)
                 m = measure(engine, model, spec, workdir / "run", timeout=timeout, label=f"{exp.name} p{i} r{r}")
                 if not m.ok:
                     error = m.failure
@@ -290,7 +299,7 @@ def main_bench(cfg, suite: str, only: str | None, repeat: int, out: str, label: 
     """The `epmci bench` command (cfg: the CheckConfig for model and engine settings)."""
     import tempfile
 
-    from .check.context import ModelFacts
+    from .check.context import ModelFacts, mib
     from .check.runner import resolve_model
     from .errors import InputError
     from .gguf_file import ModelFile
@@ -311,7 +320,7 @@ def main_bench(cfg, suite: str, only: str | None, repeat: int, out: str, label: 
     with tempfile.TemporaryDirectory(prefix="epmci-bench-") as td:
         bench = run_bench(exps, engine=engine, model=model, expert_bytes=facts.total_expert_bytes(),
                           repeat=repeat, workdir=Path(td), fixed=fixed, timeout=cfg.engine.timeout_s,
-                          progress=say)
+                          progress=say, min_arena_mb=lambda b, u: mib(facts.min_arena_bytes(b, u)))
     bench.update(model=str(model), engine=engine.describe(), suite=suite, only=only,
                  machine=fingerprint(model.parent), started=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     jf, mf = write_outputs(bench, Path(out), label or suite)

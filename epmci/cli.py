@@ -27,6 +27,7 @@ def _cmd_model_info(a: argparse.Namespace) -> int:
 def _config_from_args(a: argparse.Namespace):
     """epmci.yaml (or --config) <- --set KEY=VALUE <- the dedicated flags."""
     from .config import load_config, parse_set, set_path
+    from .perf_cli import apply_no_perf, perf_overrides
     over = parse_set(a.set)
     flags = {
         "model": a.model, "engine.cmd": a.engine_cmd, "engine.build_cmd": a.build_cmd,
@@ -42,10 +43,11 @@ def _config_from_args(a: argparse.Namespace):
             flags["layer.layers"] = [int(x) for x in a.layers.split(",") if x.strip()]
         except ValueError:
             raise InputError("--layers", f"expected comma-separated layer numbers, got {a.layers!r}") from None
+    flags.update(perf_overrides(a))
     for k, v in flags.items():
         if v is not None:
             set_path(over, k, v)
-    return load_config(a.config, over)
+    return apply_no_perf(load_config(a.config, over), a)
 
 
 def _cmd_build(a: argparse.Namespace) -> int:
@@ -127,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(c)
     c.add_argument("--fast", action="store_true", help="skip the end-to-end A/B suite")
     c.add_argument("--suites", help="comma-separated suites to run "
-                                    "(kernel,layer,prefetch-stress,determinism,e2e)")
+                                    "(kernel,layer,prefetch-stress,determinism,e2e,perf)")
     c.add_argument("--layers", help="comma-separated layers for the layer / prefetch-stress suites")
     c.add_argument("--jobs", type=int, help="engine runs at once (0 = one per CPU)")
     c.add_argument("--threads", type=int, help="engine compute threads (-t)")
@@ -139,7 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--workdir", help="where engine outputs go (default: a temp dir)")
     c.add_argument("--keep-work", action="store_true", help="keep engine outputs even when all passed")
     c.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    from .perf_cli import add_check_flags, add_parsers
+    add_check_flags(c)
     c.set_defaults(func=_cmd_check)
+    add_parsers(sub, _add_config_args, _config_from_args)   # golden update|show|diff, bench
     return ap
 
 

@@ -21,9 +21,10 @@ from pathlib import Path
 import yaml
 
 from .errors import InputError
+from .perf_settings import PerfConfig, validate_perf
 
 CONFIG_NAME = "epmci.yaml"
-SUITE_NAMES = ("kernel", "layer", "prefetch-stress", "determinism", "e2e")
+SUITE_NAMES = ("kernel", "layer", "prefetch-stress", "determinism", "e2e", "perf")
 COMPARE_MODES = ("exact", "argmax", "kl")
 LAYOUTS = ("mixed", "uniform")
 
@@ -117,6 +118,7 @@ class CheckConfig:
     prefetch_stress: StressConfig = field(default_factory=StressConfig)
     determinism: DeterminismConfig = field(default_factory=DeterminismConfig)
     e2e: E2EConfig = field(default_factory=E2EConfig)
+    perf: PerfConfig = field(default_factory=PerfConfig)   # epmci/perf_settings.py
     source: str = field(default="<defaults>", metadata={"internal": True})
 
     def to_dict(self) -> dict:
@@ -319,6 +321,7 @@ def validate(cfg: CheckConfig) -> None:
         raise InputError(w, f"e2e.compare must be one of {', '.join(COMPARE_MODES)}, got {cfg.e2e.compare!r}")
     if not cfg.e2e.max_kl >= 0:
         raise InputError(w, f"e2e.max_kl must be >= 0, got {cfg.e2e.max_kl}")
+    validate_perf(cfg.perf, w)
     for key, tol in (("kernel.tolerance", cfg.kernel.tolerance), ("layer.tolerance", cfg.layer.tolerance)):
         if not (tol.atol >= 0 and tol.rtol >= 0):
             raise InputError(w, f"{key}: atol and rtol must be >= 0")

@@ -8,7 +8,7 @@ import platform
 from pathlib import Path
 
 # Keys that must agree for tok/s to be comparable; the others are reported only.
-TIMING_KEYS = ("cpu_model", "cpu_flags_sha256", "n_cpus", "mem_total_gib", "fs_type")
+TIMING_KEYS = ("cpu_model", "cpu_flags_sha256", "n_cpus", "mem_total_gib", "mem_limit_gib", "fs_type")
 
 
 def _cpuinfo() -> dict[str, str]:
@@ -31,6 +31,41 @@ def _mem_total_gib() -> float:
     except OSError:
         pass
     return 0.0
+
+
+def _cgroup_mem_limit_gib() -> float | None:
+    """The smallest memory limit on the way from this process's cgroup to the root (cgroup v1
+    memory.limit_in_bytes or v2 memory.max), in GiB; None when unlimited or unknown. A box
+    capped at 8 GB reports its full RAM in /proc/meminfo, so this is what the cap shows in."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    cg, top, name = None, None, None
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) == 3 and "memory" in parts[1].split(","):
+            cg, top, name = parts[2], Path("/sys/fs/cgroup/memory"), "memory.limit_in_bytes"
+            break
+    if cg is None:
+        for line in lines:
+            if line.startswith("0::"):
+                cg, top, name = line[3:], Path("/sys/fs/cgroup"), "memory.max"
+    if cg is None:
+        return None
+    best = None
+    d = top / cg.strip("/") if cg.strip("/") else top
+    while True:
+        try:
+            v = (d / name).read_text().strip()
+            if v.isdigit() and int(v) < (1 << 60):
+                best = int(v) if best is None else min(best, int(v))
+        except OSError:
+            pass
+        if d == top or top not in d.parents:
+            break
+        d = d.parent
+    return round(best / 2**30, 2) if best is not None else None
 
 
 def _mount_of(path: Path) -> tuple[str, str]:
@@ -66,6 +101,7 @@ def fingerprint(model_dir: str | os.PathLike = ".") -> dict:
         "cpu_flags_simd": [f for f in flags if f.startswith(("avx", "amx", "fma", "f16c", "sse4"))],
         "n_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "mem_total_gib": _mem_total_gib(),
+        "mem_limit_gib": _cgroup_mem_limit_gib(),
         "kernel": platform.release(),
         "fs_type": fs_type,
         "disk": _disk_model(device) or device,

@@ -32,8 +32,10 @@ class PerfConfig:
     alpha: float = 0.05              # p-value below which a difference is significant
     min_effect: float = 0.05         # smallest tok/s change (relative) that counts
     inconclusive: str = "skip"       # status of a verdict still UNKNOWN at the cap: skip | pass | fail
-    base_pairs: int = 6              # --perf-base: ABAB pairs (the sign test needs >= 6 for p < 0.05)
+    base_pairs: int = 6              # --perf-base: ABBA pairs (both tests need >= 6 for p < 0.05)
     base_max_pairs: int = 12         # UNKNOWN buys more pairs, up to this many
+    base_n_predict: int = 64         # --perf-base runs: longer decode, steadier tok/s (docs/PERF.md)
+    paired_test: str = "wilcoxon"    # --perf-base p-value: wilcoxon (signed-rank) | sign
     golden_rows: int = 8             # logits rows per prompt kept in the golden side file
 
 
@@ -60,7 +62,7 @@ def validate_perf(p: PerfConfig, where: str) -> None:
                          ("perf.ctx", p.ctx, 16), ("perf.repeats", p.repeats, 3),
                          ("perf.fast_repeats", p.fast_repeats, 3), ("perf.max_repeats", p.max_repeats, 3),
                          ("perf.base_pairs", p.base_pairs, 2), ("perf.base_max_pairs", p.base_max_pairs, 2),
-                         ("perf.golden_rows", p.golden_rows, 1)):
+                         ("perf.golden_rows", p.golden_rows, 1), ("perf.base_n_predict", p.base_n_predict, 2)):
         if val < lo:
             raise InputError(where, f"{key} must be >= {lo}, got {val}")
     if p.max_repeats < max(p.repeats, p.fast_repeats):
@@ -75,6 +77,8 @@ def validate_perf(p: PerfConfig, where: str) -> None:
         raise InputError(where, f"perf.alpha must be in (0, 1), got {p.alpha}")
     if not 0 <= p.min_effect < 1:
         raise InputError(where, f"perf.min_effect must be in [0, 1), got {p.min_effect}")
+    if p.paired_test not in ("wilcoxon", "sign"):
+        raise InputError(where, f"perf.paired_test must be wilcoxon or sign, got {p.paired_test!r}")
     if p.inconclusive not in INCONCLUSIVE:
         raise InputError(where, f"perf.inconclusive must be one of {', '.join(INCONCLUSIVE)}, "
                                 f"got {p.inconclusive!r}")

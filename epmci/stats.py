@@ -122,14 +122,46 @@ def sign_test_p(x) -> float:
     return min(1.0, p)
 
 
-def compare_paired(base, head, alpha: float = 0.05, min_effect: float = 0.05) -> Comparison:
-    """Paired comparison of interleaved runs: ratio = median of head_i / base_i."""
+def wilcoxon_signed_rank_p(x) -> float:
+    """Two-sided exact Wilcoxon signed-rank test of x around 0 (paired log-ratios).
+
+    Zeros are dropped; tied |x| share their average rank, and the exact null distribution
+    of the positive rank sum is computed for those (tied) ranks by dynamic programming, so
+    it is exact with ties too. Unlike the sign test it uses how far each pair moved, which
+    makes it about 1.5x as efficient on roughly normal log-ratios.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    x = x[x != 0]
+    n = len(x)
+    if n == 0:
+        return 1.0
+    r2 = np.rint(_ranks(np.abs(x)) * 2).astype(np.int64)   # doubled ranks: integers with ties
+    total = int(r2.sum())
+    dist = np.zeros(total + 1)
+    dist[0] = 1.0
+    for r in r2:
+        dist[r:] = dist[r:] + dist[:total + 1 - r].copy()
+    w = int(r2[x > 0].sum())
+    k = np.arange(total + 1)
+    p = dist[np.abs(k - total / 2) >= abs(w - total / 2) - 1e-9].sum() / dist.sum()
+    return float(min(1.0, p))
+
+
+PAIRED_TESTS = ("wilcoxon", "sign")
+
+
+def compare_paired(base, head, alpha: float = 0.05, min_effect: float = 0.05,
+                   test: str = "wilcoxon") -> Comparison:
+    """Paired comparison of interleaved runs: ratio = median of head_i / base_i; p-value of
+    the log-ratios around 0 by the Wilcoxon signed-rank test (default) or the sign test."""
     b, h = np.asarray(base, dtype=np.float64), np.asarray(head, dtype=np.float64)
     if len(b) != len(h) or len(b) == 0:
         raise ValueError("paired comparison needs equally many base and head samples")
+    if test not in PAIRED_TESTS:
+        raise ValueError(f"unknown paired test {test!r}")
     r = h / b
     ratio = float(np.median(r))
     ci = bootstrap_ci(np.median, [r])
-    p = sign_test_p(np.log(r))
+    p = wilcoxon_signed_rank_p(np.log(r)) if test == "wilcoxon" else sign_test_p(np.log(r))
     return Comparison(_verdict(p, ci, ratio, alpha, min_effect), float(np.median(b)),
                       float(np.median(h)), ratio, p, ci, len(b), len(h))

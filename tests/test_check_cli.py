@@ -69,7 +69,7 @@ def test_fast_check_passes_on_the_tiny_model(tmp_path, tiny_model, monkeypatch, 
     assert rep["verdict"] == "PASS"
     names = by_name(rep)
     suites = {s for s, _ in names}
-    assert suites == {"build", "kernel", "layer", "prefetch-stress", "determinism", "e2e"}
+    assert suites == {"build", "kernel", "layer", "prefetch-stress", "determinism", "e2e", "perf"}
     assert names[("build", "bundled engine (numba kernels)")]["status"] == "pass"
     # every expert quant mix and size of the tiny model (Q5_K and Q6_K down), both ends
     assert {n for s, n in names if s == "kernel"} == {"L0 E0", "L0 E7", "L1 E0", "L1 E7", "L3 E0", "L3 E7"}
@@ -80,8 +80,11 @@ def test_fast_check_passes_on_the_tiny_model(tmp_path, tiny_model, monkeypatch, 
     assert head["evictions"] >= head["tokens"] and head["prefetch_issued"] > 0
     e2e = names[("e2e", "e2e A/B")]
     assert e2e["status"] == "skip" and "--fast" in e2e["message"]
+    # no golden baseline ships for the tiny model: the perf comparisons are visible skips
+    assert names[("perf", "baseline: counters")]["status"] == "skip"
+    assert "epmci golden update" in names[("perf", "baseline: counters")]["message"]
     for (s, n), r in names.items():
-        if s not in ("build", "e2e"):
+        if s not in ("build", "e2e", "perf"):
             assert r["status"] == "pass", (s, n, r["message"])
     root = validate_junit(junit)
     assert root.get("failures") == "0" and root.get("errors") == "0"

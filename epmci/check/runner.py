@@ -86,7 +86,11 @@ def run_check(cfg: CheckConfig, progress: Progress | None = None, *, build: bool
     report.meta["workdir"] = str(wd)
     try:
         ctx = CheckContext(cfg, model_path, mf, engine, wd)
-        suites, ready, tasks = _plan(ctx, cfg)
+        try:
+            suites, ready, tasks = _plan(ctx, cfg)
+        except InputError as e:        # a suite's input is unusable (e.g. a corrupt golden file): exit 2
+            report.tool_error = f"{e.where}: {e.problem}"
+            return done()
         n_results = len(ready) + sum(max(1, len(t.names)) for _, t in tasks) + (1 if build else 0)
         planned = getattr(progress, "planned", None)
         if planned:
@@ -132,6 +136,8 @@ def _plan(ctx: CheckContext, cfg: CheckConfig) -> tuple[list[SuiteInfo], list[Ch
         infos.append(SuiteInfo(suite.name, suite.title, (suite.description or "").strip()))
         try:
             items = suite.plan(ctx)
+        except InputError:
+            raise
         except Exception as e:  # a planning bug: fail closed
             items = [CheckResult(name, "plan", ERROR, f"could not plan the suite: {type(e).__name__}: {e}",
                                  details=traceback.format_exc())]
@@ -147,7 +153,7 @@ def _plan(ctx: CheckContext, cfg: CheckConfig) -> tuple[list[SuiteInfo], list[Ch
 
 def _execute(tasks: list[tuple[int, Task]], jobs: int, emit: Callable[[CheckResult], None]) -> None:
     # biggest first, so the long sequential tasks do not end up last
-    ordered = sorted(tasks, key=lambda ot: -ot[1].cost)
+    ordered = sorted([ot for ot in tasks if not ot[1].exclusive], key=lambda ot: -ot[1].cost)
     with ThreadPoolExecutor(max_workers=max(1, jobs), thread_name_prefix="epmci-check") as pool:
         futs = {pool.submit(_run_task, t): (o, t) for o, t in ordered}
         for fut in as_completed(futs):
@@ -155,6 +161,11 @@ def _execute(tasks: list[tuple[int, Task]], jobs: int, emit: Callable[[CheckResu
             for i, r in enumerate(fut.result()):
                 r.order = o + i
                 emit(r)
+    # exclusive tasks (timing) after all others, one at a time, in plan order
+    for o, t in sorted((ot for ot in tasks if ot[1].exclusive), key=lambda ot: ot[0]):
+        for i, r in enumerate(_run_task(t)):
+            r.order = o + i
+            emit(r)
 
 
 def _run_task(t: Task) -> list[CheckResult]:

@@ -3,10 +3,10 @@ with a SUITE object (name, title, description, plan(ctx)) added to SUITES."""
 
 from __future__ import annotations
 
-from . import determinism, e2e, kernel, layer, stress
+from . import determinism, e2e, kernel, layer, perf, stress
 from .base import Suite, Task
 
 SUITES: dict[str, Suite] = {s.name: s for s in (kernel.SUITE, layer.SUITE, stress.SUITE,
-                                                  determinism.SUITE, e2e.SUITE)}
+                                                  determinism.SUITE, e2e.SUITE, perf.SUITE)}
 
 __all__ = ["SUITES", "Suite", "Task"]

@@ -22,6 +22,7 @@ class Task:
     fn: Callable[[], list[CheckResult]]
     names: list[str] = field(default_factory=list)   # the results it will produce (for errors)
     cost: float = 1.0                                # rough engine runs; big tasks start first
+    exclusive: bool = False                          # runs alone, after every other task (timing runs)
 
 
 class Suite(Protocol):

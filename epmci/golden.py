@@ -1,0 +1,413 @@
+"""Golden baselines: one YAML file per (runner profile, model identity), plus a logits side file.
+
+    golden/<profile>/<model id>.yaml
+    golden/<profile>/<model id>.<sha256[:12]>.logits
+
+The model id is `<preset>-seed<seed>-gen<generator version>` for a model made by epmci (read
+from its GGUF metadata), else `sha256-<first 16 hex digits of the file's sha256>`; the file's
+sha256 is recorded either way and checked before anything is compared.
+
+The YAML holds: the schema version; the machine fingerprint it was recorded on
+(epmci.machine); the measurement settings; and per scenario the decode tok/s samples and
+their median (null when recorded with --no-timing), peak RSS, and per prompt the exact
+counters of each phase and the correctness fingerprint (generated token ids, sha256 of the
+logits' float32 bytes and of the generated text). Plus the reason of this recording and a
+short history of earlier ones.
+
+The side file keeps, per scenario and prompt, the first `golden_rows` logits rows from the
+last prompt row on -- float32, exactly as the engine wrote them, zlib-compressed (float32 and
+not float16: the ci model's vocabulary is 1024, so a few rows per prompt are a few tens of
+KiB, and exact rows make the measured drift exact too; the digest in the YAML covers all
+rows). Format: b"EPGL", uint32 version, uint32 header length, a JSON header
+{"entries": [{"key": "<scenario>/<prompt index>", "rows": R, "n_vocab": V}, ...]}, then zlib of
+the entries' float32 rows concatenated in header order. Its name carries its own sha256, and
+the YAML names it, so writing the side file and then renaming the YAML into place is atomic:
+a reader sees the old pair or the new pair, never a mix.
+
+Anything wrong with a golden file (not YAML, wrong schema version, missing or mistyped field,
+side file missing or not matching its digest) is an InputError naming the file: exit 2.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import tempfile
+import time
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from .errors import InputError
+
+SCHEMA = 1
+KIND = "epmci-golden"
+HISTORY_KEEP = 10
+LOGITS_MAGIC = b"EPGL"
+LOGITS_VERSION = 1
+
+
+# ------------------------------------------------------------------ identity and paths
+
+def file_sha256(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def model_identity(path: str | os.PathLike) -> dict:
+    """{id, preset, seed, generator_version, sha256, bytes} of a model file."""
+    from .gguf_file import ModelFile
+    p = Path(path)
+    mf = ModelFile(p)
+    preset = mf.meta("epmci.preset", None)
+    seed = mf.meta("epmci.seed", None)
+    gen = mf.meta("epmci.generator_version", None)
+    sha = file_sha256(p)
+    if preset is not None and seed is not None and gen is not None:
+        mid = f"{preset}-seed{int(seed)}-gen{int(gen)}"
+        preset, seed, gen = str(preset), int(seed), int(gen)
+    else:
+        mid = f"sha256-{sha[:16]}"
+    return {"id": mid, "preset": preset, "seed": seed, "generator_version": gen, "sha256": sha,
+            "bytes": p.stat().st_size}
+
+
+def golden_root(golden_dir: str, config_source: str | None) -> Path:
+    """perf.golden_dir: absolute, or relative to the config file's directory (else the cwd)."""
+    p = Path(golden_dir).expanduser()
+    if p.is_absolute():
+        return p
+    if config_source and config_source != "<defaults>" and Path(config_source).exists():
+        return Path(config_source).resolve().parent / p
+    return Path.cwd() / p
+
+
+def golden_path(root: str | os.PathLike, profile: str, model_id: str) -> Path:
+    return Path(root) / profile / f"{model_id}.yaml"
+
+
+# ------------------------------------------------------------------ data
+
+@dataclass
+class Golden:
+    profile: str
+    model: dict
+    settings: dict
+    scenarios: dict                                  # name -> scenario dict (see module doc)
+    machine: dict | None = None
+    recorded: dict = field(default_factory=dict)     # date, reason, engine, epmci, host
+    history: list = field(default_factory=list)      # earlier {date, reason}, newest first
+    logits: dict = field(default_factory=dict)       # "<scenario>/<i>" -> float32 (rows, n_vocab)
+    path: Path | None = None
+    logits_file: str | None = None
+
+    def scenario(self, name: str) -> dict | None:
+        return self.scenarios.get(name)
+
+    def rows(self, scenario: str, i: int) -> np.ndarray | None:
+        return self.logits.get(f"{scenario}/{i}")
+
+    def to_yaml_dict(self, logits_name: str, logits_sha: str) -> dict:
+        return {
+            "schema": SCHEMA,
+            "kind": KIND,
+            "profile": self.profile,
+            "model": self.model,
+            "recorded": self.recorded,
+            "history": self.history,
+            "machine": self.machine,
+            "settings": self.settings,
+            "logits": {"file": logits_name, "sha256": logits_sha,
+                       "format": "EPGL v1: zlib-compressed float32 rows (epmci/golden.py)"},
+            "scenarios": self.scenarios,
+        }
+
+
+# ------------------------------------------------------------------ logits side file
+
+def pack_logits(entries: dict[str, np.ndarray]) -> bytes:
+    keys = sorted(entries)
+    arrs = [np.ascontiguousarray(entries[k], dtype="<f4") for k in keys]
+    header = json.dumps({"entries": [{"key": k, "rows": int(a.shape[0]), "n_vocab": int(a.shape[1])}
+                                     for k, a in zip(keys, arrs)]}, sort_keys=True).encode()
+    body = zlib.compress(b"".join(a.tobytes() for a in arrs), 9)
+    return LOGITS_MAGIC + struct.pack("<II", LOGITS_VERSION, len(header)) + header + body
+
+
+def unpack_logits(data: bytes, where: object) -> dict[str, np.ndarray]:
+    if len(data) < 12 or data[:4] != LOGITS_MAGIC:
+        raise InputError(where, "not a golden logits file (bad magic)")
+    version, hlen = struct.unpack_from("<II", data, 4)
+    if version != LOGITS_VERSION:
+        raise InputError(where, f"logits file version {version}, expected {LOGITS_VERSION}")
+    try:
+        header = json.loads(data[12:12 + hlen])
+        body = zlib.decompress(data[12 + hlen:])
+        entries = header["entries"]
+    except (ValueError, KeyError, TypeError, zlib.error) as e:
+        raise InputError(where, f"corrupt logits file ({type(e).__name__})") from None
+    out, pos = {}, 0
+    for e in entries:
+        n = 4 * int(e["rows"]) * int(e["n_vocab"])
+        if pos + n > len(body):
+            raise InputError(where, "corrupt logits file (truncated)")
+        out[e["key"]] = np.frombuffer(body, "<f4", n // 4, pos).reshape(int(e["rows"]), int(e["n_vocab"]))
+        pos += n
+    if pos != len(body):
+        raise InputError(where, "corrupt logits file (trailing bytes)")
+    return out
+
+
+# ------------------------------------------------------------------ load (validated)
+
+def _need(d, key: str, types, where: object, ctx: str):
+    """d[key], which must be one of `types` (a bool is not accepted as a number)."""
+    if not isinstance(d, dict) or key not in d:
+        raise InputError(where, f"{ctx}{key}: missing")
+    v = d[key]
+    allowed = types if isinstance(types, tuple) else (types,)
+    if not isinstance(v, allowed) or (isinstance(v, bool) and bool not in allowed):
+        names = "/".join(t.__name__ for t in allowed)
+        raise InputError(where, f"{ctx}{key}: expected {names}, got {type(v).__name__}")
+    return v
+
+
+NUM = (int, float)
+
+
+def load(path: str | os.PathLike) -> Golden:
+    """Read and validate a golden YAML file and its logits side file."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise InputError(p, f"cannot read golden file: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise InputError(p, "golden file is not UTF-8 text") from None
+    try:
+        d = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise InputError(p, f"golden file is not valid YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(d, dict):
+        raise InputError(p, "golden file: top level must be a mapping")
+    if d.get("schema") != SCHEMA or d.get("kind", KIND) != KIND:
+        raise InputError(p, f"golden schema {d.get('schema')!r}, this epmci reads schema {SCHEMA} "
+                            f"(re-record it: epmci golden update --profile <profile> --reason ...)")
+    profile = _need(d, "profile", str, p, "")
+    model = _need(d, "model", dict, p, "")
+    for k, t in (("id", str), ("sha256", str)):
+        _need(model, k, t, p, "model.")
+    recorded = d.get("recorded") or {}
+    history = d.get("history") or []
+    if not isinstance(recorded, dict) or not isinstance(history, list):
+        raise InputError(p, "recorded must be a mapping and history a list")
+    machine = d.get("machine")
+    if machine is not None and not isinstance(machine, dict):
+        raise InputError(p, "machine: expected a mapping or null")
+    settings = _need(d, "settings", dict, p, "")
+    prompts = _need(settings, "prompts", list, p, "settings.")
+    for k in ("n_predict", "batch", "ctx", "threads"):
+        _need(settings, k, int, p, "settings.")
+    scenarios = _need(d, "scenarios", dict, p, "")
+    if not scenarios:
+        raise InputError(p, "scenarios: empty")
+    for name, s in scenarios.items():
+        ctx = f"scenarios.{name}."
+        if not isinstance(s, dict):
+            raise InputError(p, f"{ctx[:-1]}: expected a mapping")
+        _need(s, "arena_mb", NUM, p, ctx)
+        _need(s, "peak_rss_mb", NUM, p, ctx)
+        timing = s.get("timing")
+        if timing is not None:
+            samples = _need(timing, "samples", list, p, ctx + "timing.")
+            if not samples or not all(isinstance(x, NUM) and not isinstance(x, bool) and x > 0 for x in samples):
+                raise InputError(p, f"{ctx}timing.samples: expected a non-empty list of positive numbers")
+            _need(timing, "median", NUM, p, ctx + "timing.")
+        plist = _need(s, "prompts", list, p, ctx)
+        if len(plist) != len(prompts):
+            raise InputError(p, f"{ctx}prompts: {len(plist)} entries for {len(prompts)} settings.prompts")
+        for i, e in enumerate(plist):
+            c = f"{ctx}prompts[{i}]."
+            for k, t in (("prompt_tokens", int), ("first_tokens", list), ("logits_rows", int),
+                         ("logits_sha256", str), ("text_sha256", str), ("counters", dict)):
+                _need(e, k, t, p, c)
+            if not all(isinstance(x, int) for x in e["first_tokens"]):
+                raise InputError(p, f"{c}first_tokens: expected integers")
+            for phase, cs in e["counters"].items():
+                if not isinstance(cs, dict) or not all(isinstance(v, NUM) for v in cs.values()):
+                    raise InputError(p, f"{c}counters.{phase}: expected a mapping of numbers")
+    lg = _need(d, "logits", dict, p, "")
+    name = _need(lg, "file", str, p, "logits.")
+    sha = _need(lg, "sha256", str, p, "logits.")
+    side = p.parent / name
+    if Path(name).name != name:
+        raise InputError(p, f"logits.file must be a file name next to the YAML, got {name!r}")
+    try:
+        data = side.read_bytes()
+    except OSError:
+        raise InputError(p, f"logits side file {name} is missing") from None
+    if hashlib.sha256(data).hexdigest() != sha:
+        raise InputError(side, f"does not match the sha256 recorded in {p.name} (corrupt or stale)")
+    logits = unpack_logits(data, side)
+    return Golden(profile, model, settings, scenarios, machine, recorded, history, logits, p, name)
+
+
+def find(root: str | os.PathLike, profile: str, model_id: str) -> Golden | None:
+    """The golden of (profile, model), None when there is none; InputError when it is unusable."""
+    p = golden_path(root, profile, model_id)
+    if not p.exists():
+        return None
+    return load(p)
+
+
+# ------------------------------------------------------------------ write (atomic)
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+def _repr_list(dumper, data):
+    flow = len(data) > 0 and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in data)
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flow)
+
+
+_Dumper.add_representer(list, _repr_list)
+
+
+def dump_yaml(d: dict) -> str:
+    return yaml.dump(d, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100)
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)          # an ordinary file, not mkstemp's 0600
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write(g: Golden, path: str | os.PathLike) -> Path:
+    """Side file first (its name is its digest), then the YAML renamed into place; then the
+    side files no longer referenced are removed."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    data = pack_logits(g.logits)
+    sha = hashlib.sha256(data).hexdigest()
+    stem = p.name[:-len(".yaml")] if p.name.endswith(".yaml") else p.name
+    side = f"{stem}.{sha[:12]}.logits"
+    _atomic_write(p.parent / side, data)
+    _atomic_write(p, dump_yaml(g.to_yaml_dict(side, sha)).encode("utf-8"))
+    for old in p.parent.glob(f"{stem}.*.logits"):
+        if old.name != side:
+            old.unlink(missing_ok=True)
+    g.path, g.logits_file = p, side
+    return p
+
+
+def new_history(previous: Golden | None) -> list:
+    if previous is None:
+        return []
+    prev = [{"date": previous.recorded.get("date"), "reason": previous.recorded.get("reason")}]
+    return (prev + list(previous.history))[:HISTORY_KEEP]
+
+
+def now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+# ------------------------------------------------------------------ show / diff
+
+def render(g: Golden) -> str:
+    m, r = g.model, g.recorded
+    out = [f"golden {g.path}",
+           f"  profile {g.profile}, model {m['id']} (sha256 {m['sha256'][:16]}..., {m.get('bytes', '?')} bytes)",
+           f"  recorded {r.get('date', '?')} with {r.get('engine', '?')}: {r.get('reason', '')}"]
+    for h in g.history:
+        out.append(f"    earlier {h.get('date')}: {h.get('reason')}")
+    if g.machine:
+        mc = g.machine
+        out.append(f"  machine: {mc.get('cpu_model')}, {mc.get('n_cpus')} CPUs, {mc.get('mem_total_gib')} GiB"
+                   f"{', cgroup limit ' + str(mc.get('mem_limit_gib')) + ' GiB' if mc.get('mem_limit_gib') else ''}, "
+                   f"kernel {mc.get('kernel')}, {mc.get('fs_type')} on {mc.get('disk')}")
+    else:
+        out.append("  machine: not recorded (no timing baseline)")
+    s = g.settings
+    out.append(f"  settings: {len(s['prompts'])} prompts, -n {s['n_predict']}, -b {s['batch']}, -c {s['ctx']}, "
+               f"-t {s['threads']}, --ram-budget-mb {s.get('ram_budget_mb')}")
+    for name, sc in g.scenarios.items():
+        t = sc.get("timing")
+        tt = (f"decode {t['median']:.2f} tok/s (median of {len(t['samples'])}: "
+              f"{', '.join(f'{x:.2f}' for x in t['samples'])})" if t else "no timing")
+        out.append(f"  scenario {name}: arena {sc['arena_mb']:.2f} MiB, {tt}, peak RSS {sc['peak_rss_mb']:.0f} MiB")
+        for i, e in enumerate(sc["prompts"]):
+            d = e["counters"].get("decode", {})
+            out.append(f"    prompt {i + 1} {s['prompts'][i][:30]!r}: {e['prompt_tokens']} prompt tokens, "
+                       f"first tokens {e['first_tokens'][:8]}..., logits {e['logits_sha256'][:16]}...")
+            if d:
+                out.append(f"      decode: hits {d.get('hits')} misses {d.get('misses')} evictions "
+                           f"{d.get('evictions')} ssd_bytes/token {d.get('ssd_bytes_per_token')} "
+                           f"prefetch used/issued {d.get('prefetch_used')}/{d.get('prefetch_issued')}")
+    return "\n".join(out)
+
+
+def diff(a: Golden, b: Golden) -> list[str]:
+    """What changed from golden a to golden b, one line per difference."""
+    from .machine import mismatches
+    from .measure import counter_changes
+    out = []
+    if a.model.get("sha256") != b.model.get("sha256"):
+        out.append(f"model: {a.model['id']} ({a.model['sha256'][:12]}) -> {b.model['id']} ({b.model['sha256'][:12]})")
+    for k in sorted(set(a.settings) | set(b.settings)):
+        if a.settings.get(k) != b.settings.get(k):
+            out.append(f"settings.{k}: {a.settings.get(k)!r} -> {b.settings.get(k)!r}")
+    if a.machine and b.machine:
+        out += [f"machine {x}" for x in mismatches(a.machine, b.machine)]
+    elif bool(a.machine) != bool(b.machine):
+        out.append(f"machine: {'recorded' if a.machine else 'none'} -> {'recorded' if b.machine else 'none'}")
+    for name in list(a.scenarios) + [n for n in b.scenarios if n not in a.scenarios]:
+        sa, sb = a.scenarios.get(name), b.scenarios.get(name)
+        if sa is None or sb is None:
+            out.append(f"scenario {name}: {'added' if sa is None else 'removed'}")
+            continue
+        ta, tb = sa.get("timing"), sb.get("timing")
+        if ta and tb and ta["samples"] != tb["samples"]:
+            out.append(f"scenario {name}: decode tok/s median {ta['median']:.2f} -> {tb['median']:.2f} "
+                       f"(x{tb['median'] / ta['median']:.3f})")
+        elif bool(ta) != bool(tb):
+            out.append(f"scenario {name}: timing {'recorded' if ta else 'none'} -> {'recorded' if tb else 'none'}")
+        if sa["peak_rss_mb"] != sb["peak_rss_mb"]:
+            out.append(f"scenario {name}: peak RSS {sa['peak_rss_mb']} -> {sb['peak_rss_mb']} MiB")
+        if sa["arena_mb"] != sb["arena_mb"]:
+            out.append(f"scenario {name}: arena {sa['arena_mb']} -> {sb['arena_mb']} MiB")
+        for i, (ea, eb) in enumerate(zip(sa["prompts"], sb["prompts"])):
+            tag = f"scenario {name} prompt {i + 1}"
+            for ch in counter_changes(ea["counters"], eb["counters"]):
+                out.append(f"{tag}: {ch.text()} [{ch.kind}]")
+            if ea["first_tokens"] != eb["first_tokens"]:
+                k = next((j for j, (x, y) in enumerate(zip(ea["first_tokens"], eb["first_tokens"])) if x != y),
+                         min(len(ea["first_tokens"]), len(eb["first_tokens"])))
+                out.append(f"{tag}: generated tokens differ from position {k}")
+            if ea["logits_sha256"] != eb["logits_sha256"]:
+                msg = f"{tag}: logits digest {ea['logits_sha256'][:12]} -> {eb['logits_sha256'][:12]}"
+                ra, rb = a.rows(name, i), b.rows(name, i)
+                if ra is not None and rb is not None:
+                    from .measure import drift
+                    msg += f"; {drift(ra, rb).text()}"
+                out.append(msg)
+    return out

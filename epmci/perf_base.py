@@ -1,0 +1,234 @@
+"""`--perf-base REF`: the engine of a git ref, measured against the working tree's engine on
+the same machine, interleaved, so slow drifts of a noisy shared runner hit both sides alike.
+
+1. The ref is checked out into a temporary worktree (`git worktree add --detach`), always
+   removed afterwards (`git worktree remove --force`, then `git worktree prune`).
+2. Build: the bundled engine runs from the worktree as `python -m engine` with the worktree
+   as cwd and first on PYTHONPATH, so its own engine code is used. Its numba kernels are
+   compiled by a warm-up run; when every numba source file of the base is byte-identical to
+   the head's, the head's compiled cache is copied instead (numba keys its cache on the
+   source file's contents, and the compiled code of identical sources is identical). An
+   external engine (engine.cmd) runs with the worktree as cwd after engine.build_cmd ran
+   there.
+3. Runs alternate in pairs, the order flipped every pair (base-head, head-base, ...: ABBA),
+   after one discarded warm-up run of each side; the model's page cache is dropped before
+   every run.
+4. Verdict on the paired ratios head_i / base_i (epmci.stats.compare_paired: median ratio,
+   bootstrap CI, Wilcoxon signed-rank or sign test on the log-ratios): SAME / DIFFERENT /
+   UNKNOWN; UNKNOWN buys two more pairs at a time up to a cap. The runs decode
+   perf.base_n_predict tokens (longer than the golden scenario: steadier tok/s).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from .engine_runner import EngineCommand, EngineRun, run_engine
+from .errors import InputError
+from .measure import Measurement, RunSpec, measure
+from .stats import UNKNOWN, Comparison, compare_paired
+
+
+def git(repo: str | os.PathLike, *args: str, timeout: float = 300.0) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+
+
+def repo_root(start: str | os.PathLike) -> Path:
+    try:
+        r = git(start, "rev-parse", "--show-toplevel")
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise InputError("--perf-base", f"git is not usable: {e}") from None
+    if r.returncode != 0:
+        raise InputError("--perf-base", f"{start} is not inside a git repository")
+    return Path(r.stdout.strip())
+
+
+def resolve_ref(repo: str | os.PathLike, ref: str) -> str:
+    r = git(repo, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}")
+    if r.returncode != 0 or not r.stdout.strip():
+        raise InputError("--perf-base", f"{ref!r} is not a commit of {repo} (fetch it first?)")
+    return r.stdout.strip()
+
+
+class Worktree:
+    """`with Worktree(repo, sha) as path:` a detached checkout of sha, removed on exit."""
+
+    def __init__(self, repo: str | os.PathLike, sha: str):
+        self.repo, self.sha = Path(repo), sha
+        self.tmp: Path | None = None
+        self.path: Path | None = None
+
+    def __enter__(self) -> Path:
+        self.tmp = Path(tempfile.mkdtemp(prefix="epmci-base-"))
+        self.path = self.tmp / f"base-{self.sha[:12]}"
+        r = git(self.repo, "worktree", "add", "--detach", str(self.path), self.sha)
+        if r.returncode != 0:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            raise RuntimeError(f"git worktree add failed: {(r.stderr or r.stdout).strip()[-300:]}")
+        return self.path
+
+    def __exit__(self, *exc) -> None:
+        try:
+            git(self.repo, "worktree", "remove", "--force", str(self.path))
+        finally:
+            if self.tmp is not None:
+                shutil.rmtree(self.tmp, ignore_errors=True)
+            git(self.repo, "worktree", "prune")
+
+
+# ------------------------------------------------------------------ build
+
+def head_engine_package() -> Path | None:
+    spec = importlib.util.find_spec("engine")
+    return Path(spec.origin).parent if spec and spec.origin else None
+
+
+def _numba_sources(pkg: Path) -> dict[str, bytes]:
+    out = {}
+    for p in sorted(pkg.rglob("*.py")):
+        b = p.read_bytes()
+        if b"numba" in b:
+            out[str(p.relative_to(pkg))] = b
+    return out
+
+
+def numba_cache_dir(py_file: Path, env: dict | None = None) -> Path:
+    """Where numba keeps the compiled cache of a source file (NUMBA_CACHE_DIR, else __pycache__)."""
+    env = os.environ if env is None else env
+    if env.get("NUMBA_CACHE_DIR"):
+        from numba.core.caching import UserProvidedCacheLocator
+        return Path(env["NUMBA_CACHE_DIR"]) / UserProvidedCacheLocator.get_suitable_cache_subpath(str(py_file))
+    return py_file.parent / "__pycache__"
+
+
+def reuse_numba_cache(head_pkg: Path, base_pkg: Path, env: dict | None = None) -> str | None:
+    """Copy the head's compiled numba cache to the base when every numba source file is
+    byte-identical; returns what was done, or None when the base must compile."""
+    head, base = _numba_sources(head_pkg), _numba_sources(base_pkg)
+    if not head or head != base:
+        return None
+    n = 0
+    for rel in head:
+        src_dir = numba_cache_dir(head_pkg / rel, env)
+        dst_dir = numba_cache_dir(base_pkg / rel, env)
+        stem = Path(rel).stem
+        files = list(src_dir.glob(f"{stem}.*.nbi")) + list(src_dir.glob(f"{stem}.*.nbc"))
+        if files:
+            dst_dir.mkdir(parents=True, exist_ok=True)
+        for f in files:
+            shutil.copy2(f, dst_dir / f.name)
+            n += 1
+    if n == 0:
+        return None
+    return f"numba sources identical to the head's: {n} compiled cache files reused"
+
+
+@dataclass
+class Side:
+    label: str                     # "base" | "head"
+    engine: EngineCommand
+    cwd: Path | None = None
+    env: dict = field(default_factory=dict)
+
+
+def base_side(worktree: Path, head: EngineCommand) -> Side:
+    if head.bundled:
+        pp = str(worktree) + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")
+        cmd = EngineCommand((sys.executable, "-m", "engine"), False, head.env)
+        return Side("base", cmd, worktree, {"PYTHONPATH": pp})
+    return Side("base", head, worktree, {})
+
+
+def build_base(side: Side, worktree: Path, head: EngineCommand, build_cmd, timeout: float) -> tuple[bool, str, EngineRun | None]:
+    """Make the base runnable: reuse or leave numba compilation to the warm-up run (bundled),
+    or run engine.build_cmd in the worktree (external)."""
+    if head.bundled:
+        pkg = head_engine_package()
+        msg = reuse_numba_cache(pkg, worktree / "engine") if pkg else None
+        return True, msg or "numba sources differ from the head's: the base compiles in its warm-up run", None
+    if build_cmd is None:
+        return True, "external engine: no engine.build_cmd, nothing to build", None
+    import shlex
+    argv = shlex.split(build_cmd) if isinstance(build_cmd, str) else [str(x) for x in build_cmd]
+    run = run_engine(EngineCommand(tuple(argv), False, head.env), [], timeout=timeout, label="base build",
+                     cwd=worktree)
+    return run.ok, ("built" if run.ok else f"base build failed: {run.failure()}"), run
+
+
+# ------------------------------------------------------------------ ABAB
+
+@dataclass
+class ABABResult:
+    comparison: Comparison | None
+    base: list[float]
+    head: list[float]
+    order: list[str]                       # run order, e.g. ["base", "head", "head", "base", ...]
+    base_first: Measurement | None = None  # the first measured run of each side (counters, fingerprint)
+    head_first: Measurement | None = None
+    failure: str | None = None
+    failed_run: Measurement | None = None
+    seconds: float = 0.0
+
+    @property
+    def pairs(self) -> int:
+        return len(self.head)
+
+
+def run_abab(head: Side, base: Side, model: str | os.PathLike, spec: RunSpec, workdir: Path, *,
+             pairs: int, max_pairs: int, alpha: float, min_effect: float, timeout: float,
+             warmup: bool = True, test: str = "wilcoxon",
+             progress: Callable[[str], None] | None = None) -> ABABResult:
+    say = progress or (lambda s: None)
+    res = ABABResult(None, [], [], [])
+
+    def one(side: Side, tag: str) -> Measurement | None:
+        m = measure(side.engine, model, spec, workdir / side.label, timeout=timeout, cwd=side.cwd,
+                    env=side.env, label=f"{side.label} {tag}")
+        res.seconds += m.seconds
+        if not m.ok:
+            res.failure = f"{side.label} run ({tag}): {m.failure}"
+            res.failed_run = m
+            return None
+        return m
+
+    if warmup:
+        for side in (base, head):
+            if one(side, "warm-up") is None:
+                return res
+    while True:
+        k = len(res.head)
+        order = (base, head) if k % 2 == 0 else (head, base)
+        got = {}
+        for side in order:
+            m = one(side, f"pair {k + 1}")
+            if m is None:
+                return res
+            got[side.label] = m
+            res.order.append(side.label)
+            if side.label == "base" and res.base_first is None:
+                res.base_first = m
+            if side.label == "head" and res.head_first is None:
+                res.head_first = m
+        res.base.append(got["base"].tok_s)
+        res.head.append(got["head"].tok_s)
+        say(f"[perf-base] pair {k + 1}: base {got['base'].tok_s:.2f}, head {got['head'].tok_s:.2f} tok/s "
+            f"(x{got['head'].tok_s / got['base'].tok_s:.3f})")
+        if len(res.head) < pairs:
+            continue
+        if min(res.base + res.head) <= 0:
+            res.failure = "a run reported no decode tok/s"
+            return res
+        res.comparison = compare_paired(res.base, res.head, alpha, min_effect, test)
+        if res.comparison.verdict != UNKNOWN or len(res.head) + 2 > max_pairs:
+            return res
+        # UNKNOWN: two more pairs (one of each order) and decide again
+        pairs = len(res.head) + 2

@@ -1,0 +1,326 @@
+"""The perf suite of `epmci check` against golden baselines, on the tiny model, with broken
+engine copies (a wrapper script that monkeypatches the bundled engine, then runs
+engine.cli.main(), passed with --engine-cmd):
+
+- an engine that reads one extra expert per token fails the counter gate, naming the counter;
+- an engine whose logits change in the last bits fails the drift gate with a KL figure;
+- a tok/s regression is a failure that says whether I/O moved; a foreign machine, --no-timing
+  and a missing baseline are visible skips, never passes;
+- `epmci golden update` refuses when a correctness check fails;
+- --perf-base builds a git ref in a temporary worktree and measures it ABBA against the head.
+
+One golden baseline (counters and fingerprints) is recorded per test run with
+`epmci golden update` and shared by the xdist workers.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from epmci.cli import main as epmci_main
+from epmci.golden import dump_yaml, model_identity
+
+REPO = Path(__file__).resolve().parent.parent
+PROFILE = "t"
+# cheap settings for the tiny model
+SETTINGS = ["--set", "perf.n_predict=8"]
+
+
+@pytest.fixture(scope="session")
+def built_engine(tiny_model, tmp_path_factory):
+    from epmci.build import build_engine
+    from epmci.config import CheckConfig
+    with open(Path(tempfile.gettempdir()) / "epmci-test-build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        r = build_engine(CheckConfig(), tiny_model, 4.0, tmp_path_factory.mktemp("build"))
+    assert r.status == "pass", (r.message, r.stderr_tail)
+    return r
+
+
+@pytest.fixture(scope="session")
+def recorded_golden(built_engine, tiny_model, tmp_path_factory) -> Path:
+    """golden/<PROFILE>/ for the tiny model, recorded once per test run (shared by workers)."""
+    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run_id:
+        root = Path(tempfile.gettempdir()) / f"epmci-test-golden-{run_id}"
+    else:
+        root = tmp_path_factory.mktemp("golden-shared")
+    root.mkdir(parents=True, exist_ok=True)
+    gdir = root / "golden"
+    with open(root / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (gdir / PROFILE).exists():
+            rc = epmci_main(["golden", "update", "-q", "--no-build", "--model", str(tiny_model), "--profile", PROFILE,
+                             "--reason", "test baseline", "--no-timing", "--set", f"perf.golden_dir={gdir}",
+                             "--set", "suites=[determinism]", *SETTINGS])
+            assert rc == 0
+    return gdir
+
+
+@pytest.fixture
+def golden_dir(recorded_golden, tmp_path) -> Path:
+    """A private copy of the shared baseline (tests may edit it)."""
+    dst = tmp_path / "golden"
+    shutil.copytree(recorded_golden, dst)
+    return dst
+
+
+def golden_file(gdir: Path, model) -> Path:
+    return gdir / PROFILE / f"{model_identity(model)['id']}.yaml"
+
+
+def edit_golden(gdir: Path, model, fn) -> None:
+    f = golden_file(gdir, model)
+    d = yaml.safe_load(f.read_text())
+    fn(d)
+    f.write_text(dump_yaml(d))
+
+
+def wrapper(tmp_path: Path, body: str) -> str:
+    p = tmp_path / "engine_wrapper.py"
+    p.write_text("import sys\nimport numpy as np\nimport engine.cli\n" + textwrap.dedent(body)
+                 + "\nsys.exit(engine.cli.main())\n")
+    return f"{shlex.quote(sys.executable)} {shlex.quote(str(p))}"
+
+
+def check(tmp_path, model, gdir, *args, engine_cmd=None) -> tuple[int, dict, Path]:
+    js, junit = tmp_path / "r.json", tmp_path / "junit.xml"
+    argv = ["check", "-q", "--no-build", "--model", str(model), "--suites", "perf", "--profile", PROFILE,
+            "--set", f"perf.golden_dir={gdir}", *SETTINGS, "--json", str(js), "--junit-xml", str(junit),
+            "--workdir", str(tmp_path / "w"), *args]
+    if engine_cmd:
+        argv += ["--engine-cmd", engine_cmd]
+    rc = epmci_main(argv)
+    return rc, (json.loads(js.read_text()) if js.exists() else {}), junit
+
+
+def results(rep: dict) -> dict[str, dict]:
+    return {r["name"]: r for s in rep["suites"] if s["name"] == "perf" for r in s["results"]}
+
+
+def by_suffix(res: dict[str, dict], suffix: str) -> dict:
+    (r,) = [v for k, v in res.items() if k.endswith(suffix) or suffix in k]
+    return r
+
+
+# ------------------------------------------------------------------ pass
+
+def test_perf_passes_against_its_own_golden(tmp_path, tiny_model, golden_dir):
+    rc, rep, junit = check(tmp_path, tiny_model, golden_dir)
+    assert rc == 0, rep
+    res = results(rep)
+    assert res["baseline: counters"]["status"] == "pass"
+    assert "equal golden" in res["baseline: counters"]["message"]
+    fps = [r for n, r in res.items() if "fingerprint" in n]
+    assert len(fps) == 2 and all(r["status"] == "pass" for r in fps)
+    t = res["baseline: decode tok/s vs golden"]
+    assert t["status"] == "skip" and "no timing baseline" in t["message"]      # recorded --no-timing
+    assert res["baseline: peak RSS"]["status"] == "pass"
+    xml = junit.read_text()
+    assert 'name="baseline: decode tok/s vs golden.verdict" value="SKIPPED"' in xml
+    assert "<skipped" in xml
+
+
+# ------------------------------------------------------------------ counter gate
+
+def test_extra_expert_read_fails_the_counter_gate(tmp_path, tiny_model, golden_dir):
+    cmd = wrapper(tmp_path, """
+        # every micro-batch, layer 0 also looks up (and reads on a miss) one expert it was not routed to
+        import engine.pager as P
+        _fetch = P.Pager.fetch
+        def fetch(self, il, experts):
+            if il == 0:
+                extra = next((e for e in range(self.gm.hp.n_expert - 1, -1, -1) if e not in experts), None)
+                if extra is not None:
+                    experts = list(experts) + [extra]
+            return _fetch(self, il, experts)
+        P.Pager.fetch = fetch
+    """)
+    rc, rep, _ = check(tmp_path, tiny_model, golden_dir, "--no-timing", engine_cmd=cmd)
+    assert rc == 1
+    res = results(rep)
+    c = res["baseline: counters"]
+    assert c["status"] == "fail"
+    assert "worse than golden" in c["message"] and "decode.misses" in c["message"], c["message"]
+    assert any("ssd_bytes" in w for w in c["properties"]["worse"])
+    # the outputs are unchanged: the drift gate passes, only the counters catch it
+    assert all(r["status"] == "pass" for n, r in res.items() if "fingerprint" in n)
+
+
+# ------------------------------------------------------------------ drift gate
+
+def test_last_bit_logits_change_fails_the_drift_gate_with_kl(tmp_path, tiny_model, golden_dir):
+    cmd = wrapper(tmp_path, """
+        # every logit one float32 ulp up: same tokens, same text, different bits
+        _w = engine.cli.write_logits
+        engine.cli.write_logits = lambda path, logits: _w(path, np.nextafter(np.asarray(logits, np.float32),
+                                                                              np.float32(np.inf)))
+    """)
+    rc, rep, _ = check(tmp_path, tiny_model, golden_dir, "--no-timing", engine_cmd=cmd)
+    assert rc == 1
+    res = results(rep)
+    assert res["baseline: counters"]["status"] == "pass"
+    fps = [r for n, r in res.items() if "fingerprint" in n]
+    for r in fps:
+        assert r["status"] == "fail"
+        m = r["message"]
+        assert "output drifted from golden" in m and "KL(golden||current) max" in m, m
+        assert "generated tokens equal" in m and "top-1 agreement 8/8" in m, m
+        assert 0 <= r["properties"]["kl_max"] < 1e-6
+
+
+# ------------------------------------------------------------------ timing
+
+def _timing(samples):
+    return {"metric": "decode tok/s", "samples": samples, "median": sorted(samples)[len(samples) // 2]}
+
+
+def test_tok_s_regression_fails_and_says_it_is_not_io(tmp_path, tiny_model, golden_dir):
+    # golden says the engine did 100x the tok/s it does: a regression the counters do not explain
+    edit_golden(golden_dir, tiny_model, lambda d: d["scenarios"]["baseline"].update(
+        timing=_timing([1e5, 1.01e5, 0.99e5, 1.02e5, 0.98e5])))
+    rc, rep, junit = check(tmp_path, tiny_model, golden_dir, "--fast")
+    assert rc == 1
+    t = results(rep)["baseline: decode tok/s vs golden"]
+    assert t["status"] == "fail"
+    assert "tok/s regressed" in t["message"] and "DIFFERENT" in t["message"]
+    assert "not I/O -- compute, or noise" in t["message"]
+    p = t["properties"]
+    assert p["verdict"] == "DIFFERENT" and p["ratio"] < 0.05 and p["p_value"] < 0.05 and p["n_current"] == 3
+    xml = junit.read_text()
+    for key in ("baseline", "current", "ratio", "p_value", "verdict"):
+        assert f'name="baseline: decode tok/s vs golden.{key}"' in xml, key
+
+
+def test_foreign_machine_skips_timing_but_compares_counters(tmp_path, tiny_model, golden_dir):
+    def edit(d):
+        d["scenarios"]["baseline"]["timing"] = _timing([1e5, 1e5, 1e5])
+        d["machine"]["cpu_model"] = "Some Other CPU"
+    edit_golden(golden_dir, tiny_model, edit)
+    rc, rep, _ = check(tmp_path, tiny_model, golden_dir, "--fast")
+    assert rc == 0                                             # skipped, not failed
+    res = results(rep)
+    t = res["baseline: decode tok/s vs golden"]
+    assert t["status"] == "skip" and "does not match profile 't'" in t["message"]
+    assert "cpu_model: 'Some Other CPU' != " in t["message"]
+    assert res["baseline: counters"]["status"] == "pass"
+
+
+def test_no_timing_is_reported_as_skipped(tmp_path, tiny_model, golden_dir):
+    edit_golden(golden_dir, tiny_model, lambda d: d["scenarios"]["baseline"].update(timing=_timing([1e5] * 3)))
+    rc, rep, _ = check(tmp_path, tiny_model, golden_dir, "--no-timing")
+    assert rc == 0
+    t = results(rep)["baseline: decode tok/s vs golden"]
+    assert t["status"] == "skip" and "--no-timing" in t["message"]
+
+
+# ------------------------------------------------------------------ missing baseline
+
+def test_missing_baseline_is_a_visible_skip(tmp_path, tiny_model, built_engine):
+    rc, rep, junit = check(tmp_path, tiny_model, tmp_path / "empty-golden", "--profile", "nosuch", "--no-timing")
+    assert rc == 0
+    res = results(rep)
+    for name in ("baseline: counters", "baseline: decode tok/s vs golden"):
+        assert res[name]["status"] == "skip"
+    msg = res["baseline: counters"]["message"]
+    assert "no golden baseline for profile 'nosuch'" in msg
+    assert "epmci golden update --profile nosuch --reason" in msg
+    assert all(r["status"] == "skip" for n, r in res.items() if "fingerprint" in n)
+    assert res["baseline: peak RSS"]["status"] == "pass"
+    assert junit.read_text().count("<skipped") >= 4
+
+
+# ------------------------------------------------------------------ golden update
+
+def test_golden_update_refuses_when_a_correctness_check_fails(tmp_path, tiny_model, built_engine, capsys):
+    cmd = wrapper(tmp_path, """
+        import engine.kernels as K, engine.model as M
+        good = M._Q8K_KERNELS[K.Q6_K]
+        M._Q8K_KERNELS[K.Q6_K] = lambda w, d, qs, bsums: good(w, d, qs, bsums) * np.float32(1.002)
+    """)
+    gdir = tmp_path / "golden"
+    rc = epmci_main(["golden", "update", "-q", "--no-build", "--model", str(tiny_model), "--profile", PROFILE,
+                     "--reason", "should not be written", "--engine-cmd", cmd, "--set", f"perf.golden_dir={gdir}",
+                     "--set", "suites=[kernel]", "--set", "kernel.pairs=[[1, 7]]"])
+    assert rc == 1
+    err = capsys.readouterr().err
+    assert "refusing to record baselines: 1 correctness check(s) failed" in err
+    assert "kernel / L1 E7" in err
+    assert not gdir.exists()
+
+
+def test_recorded_golden_has_the_reason_and_no_timing(recorded_golden, tiny_model, capsys):
+    assert epmci_main(["golden", "show", "--model", str(tiny_model), "--profile", PROFILE,
+                       "--set", f"perf.golden_dir={recorded_golden}"]) == 0
+    out = capsys.readouterr().out
+    assert "test baseline" in out and "no timing" in out and "first tokens" in out
+
+
+# ------------------------------------------------------------------ --perf-base
+
+def _git(repo: Path, *args: str) -> str:
+    r = subprocess.run(["git", "-C", str(repo), "-c", "user.name=epmci-test", "-c", "user.email=t@example.com",
+                        "-c", "commit.gpgsign=false", *args], capture_output=True, text=True, check=True)
+    return r.stdout.strip()
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_perf_base_measures_a_git_ref_in_a_worktree(tmp_path, tiny_model, built_engine):
+    """A repository whose commit has an engine that sleeps 20 ms per decoded token: --perf-base
+    runs that commit's engine (from a temporary worktree) against the bundled one, ABBA."""
+    repo = tmp_path / "repo"
+    shutil.copytree(REPO / "engine", repo / "engine", ignore=shutil.ignore_patterns("__pycache__"))
+    rt = repo / "engine" / "runtime.py"
+    src = rt.read_text()
+    needle = "        t0 = time.perf_counter()\n"          # Engine.eval: inside the timed phase
+    assert needle in src
+    rt.write_text(src.replace(needle, needle + "        if phase == \"decode\":\n            time.sleep(0.02)\n", 1))
+    (repo / "epmci.yaml").write_text("model: tiny\n")
+    _git(repo, "init", "-q")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "slow base")
+    sha = _git(repo, "rev-parse", "HEAD")
+    js = tmp_path / "r.json"
+    rc = epmci_main(["check", "-q", "--no-build", "--config", str(repo / "epmci.yaml"), "--model", str(tiny_model),
+                     "--suites", "perf", "--perf-base", sha, "--set", "perf.prompts=[Hello]", *SETTINGS,
+                     "--set", "perf.base_n_predict=16",
+                     "--json", str(js), "--workdir", str(tmp_path / "w")])
+    rep = json.loads(js.read_text())
+    res = results(rep)
+    b = res[f"baseline: decode tok/s vs base {sha}"]
+    assert rc == 0, b
+    p = b["properties"]
+    assert b["status"] == "pass" and p["verdict"] == "DIFFERENT" and p["ratio"] > 1.3, b["message"]
+    assert p["pairs"] == 6 and p["order"] == "ABBAABBAABBA" and p["base_sha"] == sha
+    assert "reused" in p["base_build"]                        # numba sources identical: no recompile
+    assert p["outputs_equal_base"] is True
+    assert f"at {sha[:12]}" in b["message"] and "Wilcoxon signed-rank" in b["message"]
+    assert p["n_predict"] == 16 and p["test"] == "wilcoxon"
+    # the worktree is gone
+    assert _git(repo, "worktree", "list").count("\n") == 0
+    # and without a golden for this profile the golden comparisons are visible skips
+    assert res["baseline: counters"]["status"] == "skip"
+
+
+def test_perf_base_unknown_ref_is_exit_2(tmp_path, tiny_model, capsys):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "epmci.yaml").write_text("model: tiny\n")
+    _git(repo, "init", "-q")
+    rc = epmci_main(["check", "-q", "--no-build", "--config", str(repo / "epmci.yaml"), "--model", str(tiny_model),
+                     "--suites", "perf", "--perf-base", "no-such-ref", "--workdir", str(tmp_path / "w")])
+    assert rc == 2
+    assert "'no-such-ref' is not a commit" in capsys.readouterr().err
+    assert epmci_main(["check", "-q", "--no-build", "--suites", "kernel", "--perf-base", "HEAD"]) == 2

@@ -1,0 +1,117 @@
+"""epmci.stats: Mann-Whitney U against known values (and scipy when it is installed), the
+sign test, and the verdict rules of the unpaired and the paired comparison."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from epmci.stats import (DIFFERENT, SAME, UNKNOWN, bootstrap_ci, compare_paired, compare_samples,
+                         mann_whitney_u, sign_test_p, wilcoxon_signed_rank_p)
+
+
+def test_mwu_known_values():
+    # complete separation of 3 vs 3: U = 0, exact two-sided p = 2 / C(6, 3) = 0.1
+    u, p = mann_whitney_u([1, 2, 3], [4, 5, 6])
+    assert u == 0 and p == pytest.approx(0.1)
+    # 4 vs 4 separated: p = 2 / 70
+    u, p = mann_whitney_u([10, 11, 12, 13], [1, 2, 3, 4])
+    assert u == 16 and p == pytest.approx(2 / 70)
+    # identical samples: no evidence at all
+    assert mann_whitney_u([5, 5, 5], [5, 5, 5]) == (4.5, 1.0)
+
+
+def test_mwu_exact_distribution_with_ties():
+    # ties: ranks [1.5, 1.5, 3.5, 3.5, 5]; brute force over the 10 splits of a (size 2)
+    a, b = [1, 2], [1, 2, 3]
+    u, p = mann_whitney_u(a, b)
+    ranks = [1.5, 3.5, 1.5, 3.5, 5.0]
+    from itertools import combinations
+    us = [sum(ranks[i] for i in c) - 3 for c in combinations(range(5), 2)]
+    assert u == pytest.approx(sum(ranks[:2]) - 3)
+    assert p == pytest.approx(np.mean([abs(x - 3) >= abs(u - 3) - 1e-9 for x in us]))
+
+
+@pytest.mark.parametrize("n1,n2,shift,decimals", [(3, 5, 1.5, None), (6, 9, 0.4, None), (5, 5, 0.0, None),
+                                                   (30, 40, 0.5, 1), (60, 60, 0.2, 1)])
+def test_mwu_matches_scipy(n1, n2, shift, decimals):
+    st = pytest.importorskip("scipy.stats")
+    rng = np.random.default_rng(n1 * 100 + n2)
+    a, b = rng.normal(10, 1, n1), rng.normal(10 + shift, 1, n2)
+    if decimals is not None:              # ties: the large-sample normal approximation
+        a, b = np.round(a, decimals), np.round(b, decimals)
+        ref = st.mannwhitneyu(a, b, alternative="two-sided", method="asymptotic", use_continuity=True)
+    else:
+        ref = st.mannwhitneyu(a, b, alternative="two-sided", method="exact")
+    u, p = mann_whitney_u(a, b)
+    assert u == pytest.approx(ref.statistic)
+    assert p == pytest.approx(ref.pvalue, rel=1e-9)
+
+
+def test_sign_test():
+    assert sign_test_p([1] * 6) == pytest.approx(2 / 64)
+    assert sign_test_p([1] * 5) == pytest.approx(2 / 32)
+    assert sign_test_p([1, -1] * 3) == 1.0
+    assert sign_test_p([0, 0]) == 1.0                  # zeros carry no sign
+    assert sign_test_p([1] * 9 + [-1]) == pytest.approx(2 * 11 / 1024)
+
+
+def test_bootstrap_is_deterministic():
+    x = np.array([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert bootstrap_ci(np.median, [x]) == bootstrap_ci(np.median, [x])
+    lo, hi = bootstrap_ci(np.median, [x])
+    assert 1.0 <= lo <= 3.0 <= hi <= 5.0
+
+
+def test_compare_samples_verdicts():
+    golden = [100, 101, 99, 100.5, 99.5]
+    slow = compare_samples(golden, [80, 81, 79])              # 20% slower, clearly separated
+    assert slow.verdict == DIFFERENT and slow.regressed and slow.ratio == pytest.approx(0.8)
+    assert slow.p_value < 0.05 and slow.ci[1] < 1
+    same = compare_samples(golden, [100.2, 99.8, 100.1, 99.9, 100.0])
+    assert same.verdict == SAME and not same.regressed
+    # a clear but tiny change is not DIFFERENT (min effect 5%)
+    tiny = compare_samples(golden, [98.5, 98.4, 98.6, 98.5, 98.55])
+    assert tiny.verdict != DIFFERENT
+    # wild noise: cannot tell
+    noisy = compare_samples(golden, [60, 140, 100])
+    assert noisy.verdict == UNKNOWN
+
+
+def test_compare_paired_verdicts():
+    base = [10.0, 10.5, 9.5, 10.2, 9.8, 10.1]
+    head = [b * 0.9 for b in base]
+    c = compare_paired(base, head)
+    assert c.verdict == DIFFERENT and c.ratio == pytest.approx(0.9) and c.p_value == pytest.approx(2 / 64)
+    assert c.regressed
+    same = compare_paired(base, [b * f for b, f in zip(base, (1.01, 0.99, 1.0, 1.005, 0.995, 1.0))])
+    assert same.verdict == SAME
+    # five pairs can never reach p < 0.05 (either test): at best UNKNOWN
+    assert compare_paired(base[:5], head[:5]).verdict == UNKNOWN
+    assert compare_paired(base[:5], head[:5], test="sign").verdict == UNKNOWN
+    # the signed-rank test uses the magnitudes: one small reversal among large drops
+    mixed = [0.85, 0.86, 0.84, 1.01, 0.83, 0.85, 0.86, 0.84]
+    assert compare_paired([1.0] * 8, mixed, test="sign").verdict == UNKNOWN          # 7/8: p = 0.07
+    assert compare_paired([1.0] * 8, mixed).verdict == DIFFERENT                     # p = 4/256
+    with pytest.raises(ValueError):
+        compare_paired([1.0], [1.0, 2.0])
+    assert math.isfinite(c.ci[0]) and c.ci[0] <= c.ratio <= c.ci[1]
+
+
+def test_wilcoxon_signed_rank_exact():
+    assert wilcoxon_signed_rank_p([1] * 6) == pytest.approx(2 / 64)
+    assert wilcoxon_signed_rank_p([0, 0, 0]) == 1.0
+    # n = 3, ranks 1..3: W+ in {0..6} over 8 sign patterns; x = (-1, 2, 3): W+ = 5, |5-3| = 2:
+    # patterns with W+ in {0, 1, 5, 6}: 4 of 8
+    assert wilcoxon_signed_rank_p([-1, 2, 3]) == pytest.approx(0.5)
+    with pytest.raises(ValueError):
+        compare_paired([1.0], [1.0], test="t")
+
+
+@pytest.mark.parametrize("n", [6, 9, 12, 20])
+def test_wilcoxon_matches_scipy(n):
+    st = pytest.importorskip("scipy.stats")
+    x = np.random.default_rng(n).normal(0.1, 0.2, n)
+    assert wilcoxon_signed_rank_p(x) == pytest.approx(st.wilcoxon(x, method="exact").pvalue, rel=1e-9)
