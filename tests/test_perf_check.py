@@ -191,7 +191,7 @@ def test_tok_s_regression_fails_and_says_it_is_not_io(tmp_path, tiny_model, gold
     # golden says the engine did 100x the tok/s it does: a regression the counters do not explain
     edit_golden(golden_dir, tiny_model, lambda d: d["scenarios"]["baseline"].update(
         timing=_timing([1e5, 1.01e5, 0.99e5, 1.02e5, 0.98e5])))
-    rc, rep, junit = check(tmp_path, tiny_model, golden_dir, "--fast")
+    rc, rep, junit = check(tmp_path, tiny_model, golden_dir, "--set", "perf.repeats=3")
     assert rc == 1
     t = results(rep)["baseline: decode tok/s vs golden"]
     assert t["status"] == "fail"
@@ -209,12 +209,22 @@ def test_foreign_machine_skips_timing_but_compares_counters(tmp_path, tiny_model
         d["scenarios"]["baseline"]["timing"] = _timing([1e5, 1e5, 1e5])
         d["machine"]["cpu_model"] = "Some Other CPU"
     edit_golden(golden_dir, tiny_model, edit)
-    rc, rep, _ = check(tmp_path, tiny_model, golden_dir, "--fast")
+    rc, rep, _ = check(tmp_path, tiny_model, golden_dir, "--set", "perf.repeats=3")
     assert rc == 0                                             # skipped, not failed
     res = results(rep)
     t = res["baseline: decode tok/s vs golden"]
     assert t["status"] == "skip" and "does not match profile 't'" in t["message"]
     assert "cpu_model: 'Some Other CPU' != " in t["message"]
+    assert res["baseline: counters"]["status"] == "pass"
+
+
+def test_fast_skips_timing_against_golden_but_compares_counters(tmp_path, tiny_model, golden_dir):
+    edit_golden(golden_dir, tiny_model, lambda d: d["scenarios"]["baseline"].update(timing=_timing([1e5] * 5)))
+    rc, rep, _ = check(tmp_path, tiny_model, golden_dir, "--fast")
+    assert rc == 0                                             # a 100x "regression", not judged
+    res = results(rep)
+    t = res["baseline: decode tok/s vs golden"]
+    assert t["status"] == "skip" and "--fast" in t["message"]
     assert res["baseline: counters"]["status"] == "pass"
 
 
