@@ -52,9 +52,10 @@ def built_engine(tiny_model, tmp_path_factory):
 @pytest.fixture(scope="session")
 def recorded_golden(built_engine, tiny_model, tmp_path_factory) -> Path:
     """golden/<PROFILE>/ for the tiny model, recorded once per test run (shared by workers)."""
-    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    if run_id:
-        root = Path(tempfile.gettempdir()) / f"epmci-test-golden-{run_id}"
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # xdist: the workers' base temps share a parent that is unique to this run (and
+        # cleaned up by pytest like any basetemp)
+        root = tmp_path_factory.getbasetemp().parent / "epmci-shared-golden"
     else:
         root = tmp_path_factory.mktemp("golden-shared")
     root.mkdir(parents=True, exist_ok=True)
