@@ -9,8 +9,10 @@ epmci.stats.compare_paired, with the perf settings and thresholds of epmci.yaml)
 - unchanged: base and head are the same bundled engine -- every DIFFERENT verdict is a false
   alarm (only a DIFFERENT with ratio < 1 fails the gate);
 - slow X%: the head is the bundled engine made X% slower in decode (a wrapper that, after each
-  1-token forward pass, sleeps (X / (1 - X)) times as long as the pass took, inside the timed
-  phase, so decode tok/s drops by X) -- a DIFFERENT verdict with ratio < 1 is a detection.
+  decode step, busy-waits X / (1 - X) times as long as the step took and adds that to the
+  decode phase's seconds, so decode tok/s drops by exactly X; a busy wait, not a sleep: sleeps
+  overshoot on a loaded box, which made an earlier version of this wrapper ~1.5x too slow)
+  -- a DIFFERENT verdict with ratio < 1 is a detection.
 
 Conditions are interleaved trial by trial (unchanged, slow 10%, slow 5%, unchanged, ...) so
 the load of a shared machine falls on all of them alike. Each trial is one gate decision:
@@ -47,22 +49,20 @@ from epmci.stats import DIFFERENT, SAME, UNKNOWN  # noqa: E402
 
 SLOW_WRAPPER = """
 import sys, time
-import engine.cli, engine.model as M
-SLOW = {factor!r}          # extra time per 1-token forward, relative to the pass itself
-_forward = M.Model.forward
-def forward(self, tokens):
+import engine.cli, engine.runtime as R
+SLOW = {factor!r}          # extra decode time, relative to the decode step itself
+_eval = R.Engine.eval
+def eval(self, tokens, phase="prefill"):
     t0 = time.perf_counter()
-    out = _forward(self, tokens)
-    if len(tokens) == 1:
-        dt = time.perf_counter() - t0
-        end = time.perf_counter() + dt * SLOW
-        while True:        # sleep, then spin the last bit: time.sleep alone overshoots on a busy box
-            left = end - time.perf_counter()
-            if left <= 0:
-                break
-            time.sleep(left - 0.0005) if left > 0.001 else None
+    out = _eval(self, tokens, phase)
+    if phase == "decode":
+        extra = (time.perf_counter() - t0) * SLOW
+        end = time.perf_counter() + extra
+        while time.perf_counter() < end:   # busy: a compute regression, exact to microseconds
+            pass
+        self._phase("decode").seconds += extra
     return out
-M.Model.forward = forward
+R.Engine.eval = eval
 sys.exit(engine.cli.main())
 """
 
