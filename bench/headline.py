@@ -5,10 +5,12 @@ Both run the same GGUF (default: the bench preset, ~3 GB) in a cgroup-v1 memory 
 one third of the file -- the limit counts the page cache too, so llama.cpp's mmap cannot
 keep the model resident and the engine must live within its arena. The model's pages are
 dropped from the page cache before every run. Decode tok/s, median of --repeat runs,
-interleaved (engine, llama.cpp, engine, ...) so both see the same machine conditions.
-Needs root and /sys/fs/cgroup/memory. llama.cpp is skipped when llama_cpp is absent.
+interleaved (engine, engine --no-prefetch, llama.cpp, engine, ...) so all see the same machine
+conditions. Needs root and /sys/fs/cgroup/memory. llama.cpp is skipped when llama_cpp is absent.
+The runs are also written as JSON (--out) so the table can be re-rendered or compared.
 
 Usage: python bench/headline.py [--model PATH] [--repeat 3] [--n-predict 16] [--threads 2]
+                                [--cap-fraction 0.333] [--out results/headline.json]
 """
 
 from __future__ import annotations
@@ -83,19 +85,20 @@ def run_capped(cap: MemoryCap, cmd: list[str], timeout: float) -> subprocess.Com
         return subprocess.CompletedProcess(cmd, -999, e.stdout or "", f"timeout after {timeout}s")
 
 
-def engine_run(cap, model, a, arena_mb) -> dict:
+def engine_run(cap, model, a, arena_mb, extra: list[str]) -> dict:
     with tempfile.TemporaryDirectory() as td:
         stats = Path(td) / "s.jsonl"
         cmd = [sys.executable, "-m", "engine", "-m", model, "-p", PROMPT, "-n", str(a.n_predict),
                "-t", str(a.threads), "-b", "8", "--no-chat", "--arena-mb", str(arena_mb),
-               "--ram-budget-mb", str(cap.limit // 2**20), "--stats-file", str(stats)]
+               "--ram-budget-mb", str(cap.limit // 2**20), "--stats-file", str(stats), *extra]
         r = run_capped(cap, cmd, a.timeout)
         if r.returncode != 0:
             return {"error": f"exit {r.returncode}: {r.stderr.strip()[-300:]}", **cap.stats()}
         dec = {json.loads(l)["phase"]: json.loads(l) for l in stats.read_text().splitlines()}["decode"]
         return {"tok_s": dec["tok_s"], "hit_rate": dec["hit_rate"],
                 "mb_per_token": dec["ssd_bytes_per_token"] / 2**20, "peak_rss_mb": dec["peak_rss_mb"],
-                **cap.stats()}
+                "prefetch_issued": dec["prefetch_issued"], "prefetch_used": dec["prefetch_used"],
+                "io_wait_s": dec["io_wait_s"], **cap.stats()}
 
 
 def llama_run(cap, model, a) -> dict:
@@ -116,6 +119,7 @@ def main() -> int:
     ap.add_argument("--cap-fraction", type=float, default=1 / 3)
     ap.add_argument("--arena-fraction", type=float, default=0.55, help="of the cap, for the engine's arena")
     ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--out", help="write the runs and medians as JSON here")
     a = ap.parse_args()
     if not CGROUP_ROOT.is_dir() or os.geteuid() != 0:
         sys.exit("needs root and the cgroup-v1 memory controller at /sys/fs/cgroup/memory")
@@ -130,12 +134,16 @@ def main() -> int:
         have_llama = True
     except ImportError:
         have_llama = False
-    runs: dict[str, list[dict]] = {"engine": [], "llama.cpp": []}
+    # prefetch off too: layer-ahead predictions that miss read bytes nobody uses, which
+    # matters most when the disk is the bottleneck
+    engines = {"engine": [], "engine --no-prefetch": ["--no-prefetch"]}
+    runs: dict[str, list[dict]] = {name: [] for name in (*engines, "llama.cpp")}
     try:
         for i in range(a.repeat):
-            drop_page_cache(a.model)
-            runs["engine"].append(engine_run(cap, a.model, a, arena_mb))
-            print(f"[{i + 1}/{a.repeat}] engine    {runs['engine'][-1]}", file=sys.stderr)
+            for name, extra in engines.items():
+                drop_page_cache(a.model)
+                runs[name].append(engine_run(cap, a.model, a, arena_mb, extra))
+                print(f"[{i + 1}/{a.repeat}] {name} {runs[name][-1]}", file=sys.stderr)
             if have_llama:
                 drop_page_cache(a.model)
                 runs["llama.cpp"].append(llama_run(cap, a.model, a))
@@ -145,24 +153,37 @@ def main() -> int:
     print(f"model {a.model}: {size / 2**30:.2f} GiB; cap {cap.limit / 2**30:.2f} GiB "
           f"({a.cap_fraction:.2f} of the file); engine arena {arena_mb} MiB; -t {a.threads}; "
           f"{a.n_predict} decoded tokens; median of {a.repeat}")
-    print("| engine | decode tok/s | runs ok | hit rate | MiB/token | peak cgroup MiB |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("| engine | decode tok/s | runs ok | hit rate | MiB/token | prefetch used/issued | peak cgroup MiB |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     med = {}
     for name, rs in runs.items():
         ok = [r for r in rs if "tok_s" in r]
         if not rs:
-            print(f"| {name} | not installed | | | | |")
+            print(f"| {name} | not installed | | | | | |")
             continue
         if not ok:
-            print(f"| {name} | failed: {rs[0]['error'][:60]} | 0/{len(rs)} | | | {max(r['max_usage_mb'] for r in rs):.0f} |")
+            print(f"| {name} | failed: {rs[0]['error'][:60]} | 0/{len(rs)} | | | | {max(r['max_usage_mb'] for r in rs):.0f} |")
             continue
         med[name] = statistics.median(r["tok_s"] for r in ok)
         hit = statistics.median(r["hit_rate"] for r in ok) if "hit_rate" in ok[0] else None
         mbt = statistics.median(r["mb_per_token"] for r in ok) if "mb_per_token" in ok[0] else None
+        pf = (f"{statistics.median(r['prefetch_used'] for r in ok):.0f}/"
+              f"{statistics.median(r['prefetch_issued'] for r in ok):.0f}") if "prefetch_used" in ok[0] else ""
         print(f"| {name} | {med[name]:.2f} | {len(ok)}/{len(rs)} | {'' if hit is None else f'{hit:.1f} %'} "
-              f"| {'' if mbt is None else f'{mbt:.1f}'} | {max(r['max_usage_mb'] for r in ok):.0f} |")
-    if len(med) == 2:
-        print(f"\nratio engine / llama.cpp: {med['engine'] / med['llama.cpp']:.2f}x")
+              f"| {'' if mbt is None else f'{mbt:.1f}'} | {pf} | {max(r['max_usage_mb'] for r in ok):.0f} |")
+    print()
+    if "llama.cpp" in med:
+        for name in engines:
+            if name in med:
+                print(f"ratio {name} / llama.cpp: {med[name] / med['llama.cpp']:.2f}x")
+    if a.out:
+        out = Path(a.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"model": a.model, "file_bytes": size, "cap_bytes": cap.limit,
+                                   "arena_mb": arena_mb, "threads": a.threads, "n_predict": a.n_predict,
+                                   "runs": runs, "median_tok_s": med}, indent=1))
+        tmp.replace(out)
     return 0
 
 
