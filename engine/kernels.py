@@ -12,7 +12,7 @@ Numerics (read against llama.cpp's C sources, not memory):
 * ``quantize_q8_0``  == ``quantize_row_q8_0_ref``: ``d = amax/127``, ``id = d ? 1/d : 0``,
   ``qs = roundf(x*id)`` (half away from zero) using the *unrounded* d, then d is stored
   as f16.  The returned d is the float32 value of that f16.
-* ``matmul_q4_K/q5_K/q6_K`` == ``ggml_vec_dot_q{4,5,6}_K_q8_K_generic``
+* ``matmul_kquant`` (Q4_K/Q5_K/Q6_K) == ``ggml_vec_dot_q{4,5,6}_K_q8_K_generic``
   (ggml/src/ggml-cpu/quants.c) per output element: exact int32 lane sums
   ``aux32[l]`` (lane l = position mod 8) per super-block, then in float32 and in C
   order: ``d = f16(x.d) * y.d``; ``sums[l] += d * (float)aux32[l]`` for l = 0..7;
@@ -55,7 +55,7 @@ __all__ = [
     "QK_K", "QK8_0", "BLOCK_BYTES",
     "F32", "F16", "Q8_0", "Q4_K", "Q5_K", "Q6_K",
     "quantize_q8_K", "quantize_q8_0",
-    "matmul_q4_K", "matmul_q5_K", "matmul_q6_K", "matmul_q8_0", "matmul_f32",
+    "matmul_kquant", "matmul_q8_0", "matmul_f32",
     "matmul", "dequantize_rows", "set_threads", "get_threads",
 ]
 
@@ -331,13 +331,25 @@ def _rows_kquant(ws, xd, xm, mins, has_min, nb, d, qs, bsums, t, acc8, accf, out
 
 
 @njit(cache=True, parallel=True)
-def matmul_q4_K(w, d, qs, bsums):
-    """w uint8[rows, nb*144], Q8_K activations (d, qs, bsums) of x[n, k] -> float32[n, rows]."""
+def matmul_kquant(w, qtype, d, qs, bsums):
+    """w uint8[rows, nb*block bytes] of type Q4_K, Q5_K or Q6_K, Q8_K activations (d, qs, bsums)
+    of x[n, k] -> float32[n, rows]. One kernel for the three: they differ only in how a row
+    is unpacked (Q6_K has no mins, so bsums is unused for it)."""
     rows = w.shape[0]
     n, k = qs.shape
     nb = k // QK_K
-    if k % QK_K != 0 or w.shape[1] != nb * 144 or d.shape != (n, nb) or bsums.shape != (n, nb * 16):
-        raise ValueError("matmul_q4_K: shape mismatch")
+    if qtype == Q4_K:
+        bb = 144
+    elif qtype == Q5_K:
+        bb = 176
+    elif qtype == Q6_K:
+        bb = 210
+    else:
+        raise ValueError("matmul_kquant: not a k-quant type")
+    has_min = qtype != Q6_K
+    if (k % QK_K != 0 or w.shape[1] != nb * bb or d.shape != (n, nb)
+            or (has_min and bsums.shape != (n, nb * 16))):
+        raise ValueError("matmul_kquant: shape mismatch")
     out = np.empty((n, rows), np.float32)
     nch = (rows + _CHUNK - 1) // _CHUNK
     for c in prange(nch):
@@ -349,56 +361,11 @@ def matmul_q4_K(w, d, qs, bsums):
         acc8 = np.empty((n, 8), np.float32)
         accf = np.empty(n, np.float32)
         for r in range(c * _CHUNK, min(rows, (c + 1) * _CHUNK)):
-            _unpack_q45_K_row(w[r], nb, ws, xd, xm, mins, False)
-            _rows_kquant(ws, xd, xm, mins, True, nb, d, qs, bsums, t, acc8, accf, out, r)
-    return out
-
-
-@njit(cache=True, parallel=True)
-def matmul_q5_K(w, d, qs, bsums):
-    """w uint8[rows, nb*176], Q8_K activations of x[n, k] -> float32[n, rows]."""
-    rows = w.shape[0]
-    n, k = qs.shape
-    nb = k // QK_K
-    if k % QK_K != 0 or w.shape[1] != nb * 176 or d.shape != (n, nb) or bsums.shape != (n, nb * 16):
-        raise ValueError("matmul_q5_K: shape mismatch")
-    out = np.empty((n, rows), np.float32)
-    nch = (rows + _CHUNK - 1) // _CHUNK
-    for c in prange(nch):
-        ws = np.empty(k, np.int16)
-        xd = np.empty(nb, np.float32)
-        xm = np.empty(nb, np.float32)
-        mins = np.empty(nb * 8, np.int32)
-        t = np.empty(QK_K, np.int32)
-        acc8 = np.empty((n, 8), np.float32)
-        accf = np.empty(n, np.float32)
-        for r in range(c * _CHUNK, min(rows, (c + 1) * _CHUNK)):
-            _unpack_q45_K_row(w[r], nb, ws, xd, xm, mins, True)
-            _rows_kquant(ws, xd, xm, mins, True, nb, d, qs, bsums, t, acc8, accf, out, r)
-    return out
-
-
-@njit(cache=True, parallel=True)
-def matmul_q6_K(w, d, qs, bsums):
-    """w uint8[rows, nb*210], Q8_K activations of x[n, k] -> float32[n, rows] (bsums unused)."""
-    rows = w.shape[0]
-    n, k = qs.shape
-    nb = k // QK_K
-    if k % QK_K != 0 or w.shape[1] != nb * 210 or d.shape != (n, nb):
-        raise ValueError("matmul_q6_K: shape mismatch")
-    out = np.empty((n, rows), np.float32)
-    nch = (rows + _CHUNK - 1) // _CHUNK
-    for c in prange(nch):
-        ws = np.empty(k, np.int16)
-        xd = np.empty(nb, np.float32)
-        xm = np.empty(1, np.float32)
-        mins = np.empty(1, np.int32)
-        t = np.empty(QK_K, np.int32)
-        acc8 = np.empty((n, 8), np.float32)
-        accf = np.empty(n, np.float32)
-        for r in range(c * _CHUNK, min(rows, (c + 1) * _CHUNK)):
-            _unpack_q6_K_row(w[r], nb, ws, xd)
-            _rows_kquant(ws, xd, xm, mins, False, nb, d, qs, bsums, t, acc8, accf, out, r)
+            if has_min:
+                _unpack_q45_K_row(w[r], nb, ws, xd, xm, mins, qtype == Q5_K)
+            else:
+                _unpack_q6_K_row(w[r], nb, ws, xd)
+            _rows_kquant(ws, xd, xm, mins, has_min, nb, d, qs, bsums, t, acc8, accf, out, r)
     return out
 
 
@@ -617,11 +584,7 @@ def matmul(w, qtype: int, x) -> np.ndarray:
     if qtype in (Q4_K, Q5_K, Q6_K):
         w = _as_rows_u8(w, qtype)
         d, qs, bsums = quantize_q8_K(x)
-        if qtype == Q4_K:
-            return matmul_q4_K(w, d, qs, bsums)
-        if qtype == Q5_K:
-            return matmul_q5_K(w, d, qs, bsums)
-        return matmul_q6_K(w, d, qs, bsums)
+        return matmul_kquant(w, qtype, d, qs, bsums)
     if qtype == Q8_0:
         w = _as_rows_u8(w, qtype)
         d, qs = quantize_q8_0(x)

@@ -63,12 +63,9 @@ class Activation:
         return sub
 
 
-_Q8K_KERNELS = {K.Q4_K: K.matmul_q4_K, K.Q5_K: K.matmul_q5_K, K.Q6_K: K.matmul_q6_K}
-
-
 def matmul(w: np.ndarray, qtype: int, a: Activation) -> np.ndarray:
-    if qtype in _Q8K_KERNELS:
-        return _Q8K_KERNELS[qtype](w, *a.q8k())
+    if qtype in (K.Q4_K, K.Q5_K, K.Q6_K):
+        return K.matmul_kquant(w, qtype, *a.q8k())
     if qtype == K.Q8_0:
         return K.matmul_q8_0(w, *a.q80())
     if qtype == K.F32:

@@ -74,9 +74,10 @@ def statuses(report: dict, suite: str) -> dict[str, str]:
 def test_kernel_catches_wrong_q6k_scale(tmp_path, tiny_model):
     """Q6_K products 0.2% too large: the Q6_K experts fail, the Q5_K ones pass."""
     cmd = broken_engine(tmp_path, """
-        import engine.kernels as K, engine.model as M
-        good = M._Q8K_KERNELS[K.Q6_K]
-        M._Q8K_KERNELS[K.Q6_K] = lambda w, d, qs, bsums: good(w, d, qs, bsums) * np.float32(1.002)
+        import engine.kernels as K
+        good = K.matmul_kquant
+        K.matmul_kquant = lambda w, qtype, d, qs, bsums: (good(w, qtype, d, qs, bsums)
+                                                          * np.float32(1.002 if qtype == K.Q6_K else 1.0))
     """)
     rc, rep = run_check(tmp_path, tiny_model, cmd, "--suites", "kernel",
                         "--set", "kernel.pairs=[[0, 0], [1, 7]]")

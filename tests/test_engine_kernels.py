@@ -332,7 +332,7 @@ def test_direct_kernel_api_and_errors():
     w = rand_weights(rng, T.Q4_K, 16, 512)
     x = _activations(rng, 3, 512)
     d, qs, bs = K.quantize_q8_K(x)
-    assert np.array_equal(K.matmul_q4_K(w, d, qs, bs), K.matmul(w, T.Q4_K, x))
+    assert np.array_equal(K.matmul_kquant(w, T.Q4_K, d, qs, bs), K.matmul(w, T.Q4_K, x))
     # 1-D activation is treated as (1, k)
     assert np.array_equal(K.matmul(w, T.Q4_K, x[0]), K.matmul(w, T.Q4_K, x[:1]))
     with pytest.raises(ValueError):
