@@ -17,7 +17,7 @@ epmci.stats.compare_paired, with the perf settings and thresholds of epmci.yaml)
 Conditions are interleaved trial by trial (unchanged, slow 10%, slow 5%, unchanged, ...) so
 the load of a shared machine falls on all of them alike. Each trial is one gate decision:
 perf.base_pairs ABBA pairs, UNKNOWN buying two more pairs at a time up to
-perf.base_max_pairs. Only the first trial has warm-up runs (numba's cache and the page cache
+perf.base_max_pairs, alpha split over those looks. Only the first trial has warm-up runs (numba's cache and the page cache
 of its files are warm after that; the model's pages are dropped before every run anyway).
 
 Prints a Markdown table (rates, runs per decision, wall time) and writes the trials as JSON.
@@ -45,7 +45,7 @@ from epmci.engine_runner import EngineCommand  # noqa: E402
 from epmci.gguf_file import ModelFile  # noqa: E402
 from epmci.bench import EXPERIMENTS  # noqa: E402
 from epmci.perf_base import Side, run_abab  # noqa: E402
-from epmci.stats import DIFFERENT, SAME, UNKNOWN  # noqa: E402
+from epmci.stats import DIFFERENT, SAME, UNKNOWN, per_look_alpha  # noqa: E402
 
 SLOW_WRAPPER = """
 import sys, time
@@ -99,7 +99,8 @@ def main() -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     print(f"[calib] model {model}; scenario {pc.scenarios[0]}, prompt {pc.prompts[0]!r}, -n {pc.base_n_predict}, "
           f"-b {pc.batch}, arena {spec.arena_mb:.2f} MiB; pairs {pc.base_pairs}..{pc.base_max_pairs}, "
-          f"{pc.paired_test} test, alpha {pc.alpha}, min effect {pc.min_effect:.0%}; {a.trials} trials x "
+          f"{pc.paired_test} test, alpha {pc.alpha} ({per_look_alpha(pc.alpha, pc.base_pairs, pc.base_max_pairs):.3g} "
+          f"per look), min effect {pc.min_effect:.0%}; {a.trials} trials x "
           f"{1 + len(slowdowns)} conditions; {os.cpu_count()} CPUs, load {os.getloadavg()}", flush=True)
     trials = []
     with tempfile.TemporaryDirectory(prefix="epmci-calib-") as td:
@@ -131,7 +132,9 @@ def main() -> int:
                       f"({wall:.0f} s, load {load0:.1f})", flush=True)
                 (out_dir / f"{a.label}.json").write_text(json.dumps(
                     {"config": a.config, "overrides": a.set, "model": str(model), "spec": spec.settings(),
-                     "test": pc.paired_test, "trials": trials}, indent=1))
+                     "test": pc.paired_test, "pairs": [pc.base_pairs, pc.base_max_pairs], "alpha": pc.alpha,
+                     "alpha_per_look": per_look_alpha(pc.alpha, pc.base_pairs, pc.base_max_pairs),
+                     "trials": trials}, indent=1))
     print()
     print(summary(trials, pc))
     return 0

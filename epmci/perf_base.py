@@ -15,7 +15,8 @@ the same machine, interleaved, so slow drifts of a noisy shared runner hit both 
    every run.
 4. Verdict on the paired ratios head_i / base_i (epmci.stats.compare_paired: median ratio,
    bootstrap CI, Wilcoxon signed-rank or sign test on the log-ratios): SAME / DIFFERENT /
-   UNKNOWN; UNKNOWN buys two more pairs at a time up to a cap. The runs decode
+   UNKNOWN; UNKNOWN buys two more pairs at a time up to a cap, and alpha is split over
+   those looks (epmci.stats.per_look_alpha) so re-testing cannot buy a false alarm. The runs decode
    perf.base_n_predict tokens (longer than the golden scenario: steadier tok/s).
 """
 
@@ -34,7 +35,7 @@ from typing import Callable
 from .engine_runner import EngineCommand, EngineRun, run_engine
 from .errors import InputError
 from .measure import Measurement, RunSpec, measure
-from .stats import UNKNOWN, Comparison, compare_paired
+from .stats import UNKNOWN, Comparison, compare_paired, per_look_alpha
 
 
 def git(repo: str | os.PathLike, *args: str, timeout: float = 300.0) -> subprocess.CompletedProcess:
@@ -177,6 +178,7 @@ class ABABResult:
     failure: str | None = None
     failed_run: Measurement | None = None
     seconds: float = 0.0
+    alpha: float = 0.05                    # the significance level of each look
 
     @property
     def pairs(self) -> int:
@@ -188,7 +190,7 @@ def run_abab(head: Side, base: Side, model: str | os.PathLike, spec: RunSpec, wo
              warmup: bool = True, test: str = "wilcoxon",
              progress: Callable[[str], None] | None = None) -> ABABResult:
     say = progress or (lambda s: None)
-    res = ABABResult(None, [], [], [])
+    res = ABABResult(None, [], [], [], alpha=per_look_alpha(alpha, pairs, max_pairs))
 
     def one(side: Side, tag: str) -> Measurement | None:
         m = measure(side.engine, model, spec, workdir / side.label, timeout=timeout, cwd=side.cwd,
@@ -227,7 +229,7 @@ def run_abab(head: Side, base: Side, model: str | os.PathLike, spec: RunSpec, wo
         if min(res.base + res.head) <= 0:
             res.failure = "a run reported no decode tok/s"
             return res
-        res.comparison = compare_paired(res.base, res.head, alpha, min_effect, test)
+        res.comparison = compare_paired(res.base, res.head, res.alpha, min_effect, test)
         if res.comparison.verdict != UNKNOWN or len(res.head) + 2 > max_pairs:
             return res
         # UNKNOWN: two more pairs (one of each order) and decide again

@@ -32,7 +32,7 @@ class PerfConfig:
     alpha: float = 0.05              # p-value below which a difference is significant
     min_effect: float = 0.05         # smallest tok/s change (relative) that counts
     inconclusive: str = "skip"       # status of a verdict still UNKNOWN at the cap: skip | pass | fail
-    base_pairs: int = 6              # --perf-base: ABBA pairs (both tests need >= 6 for p < 0.05)
+    base_pairs: int = 8              # --perf-base: ABBA pairs before the first verdict
     base_max_pairs: int = 12         # UNKNOWN buys more pairs, up to this many
     base_n_predict: int = 64         # --perf-base runs: longer decode, steadier tok/s (docs/PERF.md)
     paired_test: str = "wilcoxon"    # --perf-base p-value: wilcoxon (signed-rank) | sign
@@ -69,6 +69,12 @@ def validate_perf(p: PerfConfig, where: str) -> None:
         raise InputError(where, "perf.max_repeats must be >= perf.repeats and perf.fast_repeats")
     if p.base_max_pairs < p.base_pairs:
         raise InputError(where, "perf.base_max_pairs must be >= perf.base_pairs")
+    from .stats import per_look_alpha, smallest_p
+    look_alpha = per_look_alpha(p.alpha, p.base_pairs, p.base_max_pairs)
+    if smallest_p(p.base_pairs) >= look_alpha:
+        raise InputError(where, f"perf.base_pairs={p.base_pairs} can never give a verdict: its smallest p-value "
+                                f"{smallest_p(p.base_pairs):.3g} is not below alpha per look {look_alpha:.3g}; "
+                                f"use more pairs, fewer looks or a larger alpha")
     if not 0 < p.arena_fraction <= 1:
         raise InputError(where, f"perf.arena_fraction must be in (0, 1], got {p.arena_fraction}")
     if not p.ram_budget_mb > 0:

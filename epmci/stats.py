@@ -92,6 +92,21 @@ class Comparison:
         return self.verdict == DIFFERENT and self.ratio < 1.0
 
 
+def per_look_alpha(alpha: float, first: int, cap: int, step: int = 2) -> float:
+    """Significance level of each look of a sequential comparison that decides at `first`
+    samples and, while UNKNOWN, again every `step` more up to `cap` (Bonferroni over the
+    looks). Stopping at the first look with p < alpha would make the chance of a false
+    DIFFERENT grow with every look; split, it stays below alpha per decision (docs/PERF.md
+    measures both)."""
+    looks = 1 + max(0, math.ceil((cap - first) / step))
+    return alpha / looks
+
+
+def smallest_p(n_pairs: int) -> float:
+    """The smallest two-sided p-value either paired test can give with n pairs (all of one sign)."""
+    return 2.0 * 0.5 ** n_pairs
+
+
 def _verdict(p: float, ci: tuple[float, float], ratio: float, alpha: float, min_effect: float) -> str:
     if p < alpha and abs(ratio - 1.0) >= min_effect:
         return DIFFERENT

@@ -115,3 +115,27 @@ def test_wilcoxon_matches_scipy(n):
     st = pytest.importorskip("scipy.stats")
     x = np.random.default_rng(n).normal(0.1, 0.2, n)
     assert wilcoxon_signed_rank_p(x) == pytest.approx(st.wilcoxon(x, method="exact").pvalue, rel=1e-9)
+
+
+def test_alpha_is_split_over_the_looks_of_a_sequential_comparison():
+    from epmci.stats import per_look_alpha, smallest_p
+    # --perf-base defaults: verdicts at 8, 10 and 12 pairs
+    assert per_look_alpha(0.05, 8, 12) == pytest.approx(0.05 / 3)
+    assert per_look_alpha(0.05, 12, 12) == pytest.approx(0.05)
+    assert per_look_alpha(0.05, 5, 9) == pytest.approx(0.05 / 3)      # golden timing: 5, 7, 9 runs
+    assert per_look_alpha(0.05, 5, 8) == pytest.approx(0.05 / 3)      # 5, 7, 8: a partial last step is a look
+    assert smallest_p(6) == pytest.approx(2 / 64) and smallest_p(8) == pytest.approx(2 / 256)
+    # six pairs all slower by 10%: p = 2/64 is significant at 0.05 but not at 0.05 / 3 per look
+    base = [10.0, 10.5, 9.5, 10.2, 9.8, 10.1]
+    head = [b * 0.9 for b in base]
+    assert compare_paired(base, head, alpha=0.05).verdict == DIFFERENT
+    assert compare_paired(base, head, alpha=per_look_alpha(0.05, 6, 10)).verdict == UNKNOWN
+
+
+def test_perf_base_pairs_that_can_never_reach_a_verdict_are_refused(tmp_path, capsys):
+    from epmci.cli import main
+    cfg = tmp_path / "epmci.yaml"
+    cfg.write_text("model: tiny\nperf:\n  base_pairs: 6\n  base_max_pairs: 12\n")
+    assert main(["check", "--config", str(cfg), "--no-build", "--suites", "perf"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert str(cfg) in err and "base_pairs=6 can never give a verdict" in err and len(err.splitlines()) == 1

@@ -40,7 +40,7 @@ from ...golden import Golden, find, golden_path, golden_root, model_identity
 from ...machine import fingerprint as machine_fingerprint
 from ...machine import mismatches
 from ...measure import Measurement, RunSpec, counter_changes, drift, io_diagnosis, measure
-from ...stats import DIFFERENT, SAME, UNKNOWN, compare_samples
+from ...stats import DIFFERENT, SAME, UNKNOWN, compare_samples, per_look_alpha
 from ..context import CheckContext, mib
 from ..result import ERROR, FAIL, PASS, SKIP, CheckResult
 from .base import Task
@@ -352,7 +352,8 @@ class PerfSuite:
             return CheckResult(NAME, name, SKIP, skip, props)
         base = [float(x) for x in g["timing"]["samples"]]
         cur = [m.tok_s for m in timed]
-        comp = compare_samples(base, cur, pc.alpha, pc.min_effect)
+        alpha = per_look_alpha(pc.alpha, len(cur), pc.max_repeats)
+        comp = compare_samples(base, cur, alpha, pc.min_effect)
         while comp.verdict == UNKNOWN and len(cur) < pc.max_repeats:
             for _ in range(min(2, pc.max_repeats - len(cur))):
                 m = self._timed_run(ctx, spec, scen, len(timed))
@@ -360,12 +361,13 @@ class PerfSuite:
                     return self._failed([name], m, "extra timed run: ")[0]
                 timed.append(m)
                 cur.append(m.tok_s)
-            comp = compare_samples(base, cur, pc.alpha, pc.min_effect)
+            comp = compare_samples(base, cur, alpha, pc.min_effect)
         props = {"baseline": round(comp.baseline, 4), "current": round(comp.current, 4),
                  "ratio": round(comp.ratio, 4), "p_value": round(comp.p_value, 5), "verdict": comp.verdict,
                  "ci_low": round(comp.ci[0], 4), "ci_high": round(comp.ci[1], 4),
                  "n_baseline": comp.n_baseline, "n_current": comp.n_current,
-                 "samples": [round(x, 4) for x in cur], "alpha": pc.alpha, "min_effect": pc.min_effect}
+                 "samples": [round(x, 4) for x in cur], "alpha": pc.alpha, "alpha_per_look": round(alpha, 5),
+                 "min_effect": pc.min_effect}
         what = (f"decode tok/s {comp.current:.2f} vs golden {comp.baseline:.2f} (x{comp.ratio:.3f}, 95% CI "
                 f"[{comp.ci[0]:.3f}, {comp.ci[1]:.3f}], Mann-Whitney p={comp.p_value:.3g}, {comp.n_current} vs "
                 f"{comp.n_baseline} runs, min effect {pc.min_effect:.0%}): {comp.verdict}")
@@ -430,7 +432,7 @@ class PerfSuite:
         c = res.comparison
         props.update({"baseline": round(c.baseline, 4), "current": round(c.current, 4), "ratio": round(c.ratio, 4),
                       "p_value": round(c.p_value, 5), "verdict": c.verdict, "ci_low": round(c.ci[0], 4),
-                      "ci_high": round(c.ci[1], 4), "pairs": res.pairs,
+                      "ci_high": round(c.ci[1], 4), "pairs": res.pairs, "alpha_per_look": round(res.alpha, 5),
                       "base_samples": [round(x, 4) for x in res.base], "head_samples": [round(x, 4) for x in res.head],
                       "order": "".join("A" if o == "base" else "B" for o in res.order)})
         same_out = (res.base_first.fingerprint() == res.head_first.fingerprint())
@@ -438,7 +440,8 @@ class PerfSuite:
         what = (f"decode tok/s head {c.current:.2f} vs base {c.baseline:.2f} at {plan.base_sha[:12]} "
                 f"(paired median ratio x{c.ratio:.3f}, 95% CI [{c.ci[0]:.3f}, {c.ci[1]:.3f}], "
                 f"{'Wilcoxon signed-rank' if pc.paired_test == 'wilcoxon' else 'sign test'} "
-                f"p={c.p_value:.3g}, {res.pairs} ABBA pairs, {pc.base_n_predict} tokens): {c.verdict}")
+                f"p={c.p_value:.3g} vs {res.alpha:.3g} per look, {res.pairs} ABBA pairs, {pc.base_n_predict} tokens): "
+                f"{c.verdict}")
         if not same_out:
             what += "; note: head and base outputs differ"
         if c.verdict == DIFF and c.ratio < 1:
