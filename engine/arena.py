@@ -7,8 +7,13 @@ to how many experts of each size the model has, so no byte of the arena is waste
 padding a small expert into a large slot. `uniform=True` (SDQ_FORCE_UNIFORM_SLOT=1) sizes
 every slot for the largest expert: one class.
 
-Within a slot, gate, up and down sit one after another, each starting on a 4096-byte
-boundary (so a part whose file offset and length are aligned can be read with O_DIRECT).
+Within a slot, gate, up and down sit one after another, each in its own 4096-byte-aligned
+window. With `direct` (SDQ_DIRECT_IO=1, the default) a part whose per-expert size is a
+multiple of 4096 is read as the 4096-aligned range of the file that covers it: GGUF tensor
+data is only 32-byte aligned, so the part's bytes start `head` = offset % 4096 bytes into
+that range, the same for every expert of the tensor, and the read (offset, length and
+destination all aligned) can bypass the page cache with O_DIRECT. It moves up to one page
+more than the part. Other parts, and every part without `direct`, are read exactly.
 An expert only ever goes into a slot of its own class; `class_of_layer` says which.
 
 The minimum arena holds one layer's routed experts for one micro-batch:
@@ -35,34 +40,52 @@ def round_up(n: int, a: int = ALIGN) -> int:
 
 @dataclass(frozen=True)
 class PartLayout:
-    offset_in_slot: int   # 4096-aligned
+    offset_in_slot: int   # where the part's bytes start in a slot (= window start + head)
     file_offset: int      # absolute offset of expert 0's bytes of this part
     stride: int           # bytes per expert (= length of one expert's part)
     rows: int
     row_bytes: int
+    head: int             # bytes read before the part (aligned window); 0: exact read
+    window: int           # bytes one read of this part moves (head + stride + tail)
 
 
 @dataclass(frozen=True)
 class LayerLayout:
     """Where one layer's expert parts live in the file and in a slot."""
     parts: tuple[PartLayout, PartLayout, PartLayout]   # gate, up, down
-    expert_bytes: int     # sum of the three strides: what a read moves
-    slot_bytes: int       # sum of the three aligned part sizes: what a slot must hold
+    expert_bytes: int     # sum of the three strides: the expert's bytes (ssd_bytes counts these)
+    slot_bytes: int       # sum of the three windows rounded up to 4096: what a slot must hold
+    read_bytes: int       # sum of the three windows: what one read of the expert moves
 
     def ranges(self, expert: int) -> list[tuple[int, int, int]]:
-        """(file offset, length, offset in slot) of the gate, up and down parts."""
-        return [(p.file_offset + expert * p.stride, p.stride, p.offset_in_slot) for p in self.parts]
+        """(file offset, length, offset in slot) of the reads of the gate, up and down parts."""
+        return [(p.file_offset + expert * p.stride - p.head, p.window, p.offset_in_slot - p.head)
+                for p in self.parts]
 
 
-def layer_layouts(gm: GGUFModel) -> list[LayerLayout]:
+def part_window(offset: int, stride: int, n_expert: int, file_size: int, direct: bool) -> tuple[int, int]:
+    """(head, window) of one expert part: the aligned range covering it when every expert's
+    range is aligned the same way and the last one ends inside the file, else the exact bytes."""
+    head = offset % ALIGN
+    window = round_up(head + stride)
+    last_end = offset - head + (n_expert - 1) * stride + window
+    if direct and head and stride % ALIGN == 0 and last_end <= file_size:
+        return head, window
+    return 0, stride
+
+
+def layer_layouts(gm: GGUFModel, direct: bool = True) -> list[LayerLayout]:
     out = []
+    file_size = gm.path.stat().st_size
     for il in range(gm.hp.n_layer):
         parts, pos = [], 0
         for name in EXPERT_PARTS:
             ep = gm.expert_part(il, name)
-            parts.append(PartLayout(pos, ep.offset, ep.stride, ep.rows, ep.row_bytes))
-            pos += round_up(ep.stride)
-        out.append(LayerLayout(tuple(parts), sum(p.stride for p in parts), pos))
+            head, window = part_window(ep.offset, ep.stride, gm.hp.n_expert, file_size, direct)
+            parts.append(PartLayout(pos + head, ep.offset, ep.stride, ep.rows, ep.row_bytes, head, window))
+            pos += round_up(window)
+        out.append(LayerLayout(tuple(parts), sum(p.stride for p in parts), pos,
+                               sum(p.window for p in parts)))
     return out
 
 

@@ -9,7 +9,8 @@ spent waiting.
 
 * `os.preadv` straight into the destination (an arena slot or a transient buffer): no copy.
 * O_DIRECT when the file offset, the length and the destination address are all
-  multiples of 4096 and the file system accepts it; the buffered descriptor otherwise.
+  multiples of 4096 and the file system accepts it (the arena's aligned windows,
+  engine/arena.py); the buffered descriptor otherwise.
 * `fadvise_dontneed`: after each read, POSIX_FADV_DONTNEED on the range just read, so the
   page cache cannot serve the next read of the same expert.
 """
@@ -161,6 +162,12 @@ class ExpertIO:
             if n <= 0:
                 raise OSError(f"short read: {done} of {length} B at offset {offset}")
             done += n
+
+    def direct_pct(self) -> float:
+        """Share of the ranges read so far that went through O_DIRECT (%)."""
+        with self._stats_lock:
+            n = self.reads_direct + self.reads_buffered
+            return round(100.0 * self.reads_direct / n, 2) if n else 0.0
 
     def drop_cache(self) -> None:
         """Drop the whole file from the page cache."""

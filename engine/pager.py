@@ -32,7 +32,7 @@ from .gguf_model import GGUFModel, ModelError
 from .prefetch import Predictor, PrefetchQueue
 
 DEFAULT_ARENA_FRACTION = 0.25   # of the model's expert bytes, when no size is given
-EXACT_COUNTERS = ("hits", "misses", "evictions", "ssd_bytes", "prefetch_issued", "prefetch_used")
+EXACT_COUNTERS = ("hits", "misses", "evictions", "ssd_bytes", "io_bytes", "prefetch_issued", "prefetch_used")
 
 
 def _env_int(env, name: str, default: int, lo: int = 0) -> int:
@@ -72,7 +72,7 @@ class PagerConfig:
     prefetch_layer_ahead: int = 1
     prefetch_queue: int = 64
     prefetch_stale_tokens: int = 2
-    direct_io: bool = True
+    direct_io: bool = True                 # read aligned windows with O_DIRECT where possible
 
     @classmethod
     def from_env(cls, arena_mb: float | None = None, ram_budget_mb: float | None = None,
@@ -107,6 +107,7 @@ class PagerConfig:
             prefetch_layer_ahead=_env_int(env, "SDQ_PREFETCH_LAYER_AHEAD", 1, 0),
             prefetch_queue=_env_int(env, "SDQ_PREFETCH_QUEUE", 64, 0),
             prefetch_stale_tokens=_env_int(env, "SDQ_PREFETCH_STALE_TOKENS", 2, 0),
+            direct_io=_env_bool(env, "SDQ_DIRECT_IO", True),
         )
 
 
@@ -193,7 +194,7 @@ class Pager:
         self.gm, self.cfg = gm, cfg or PagerConfig()
         hp = gm.hp
         self.batch, self.n_ctx = max(1, batch), n_ctx
-        self.layouts = layer_layouts(gm)
+        self.layouts = layer_layouts(gm, self.cfg.direct_io)
         shapes: dict = {}
         self.shape_id = [shapes.setdefault(tuple((p.offset_in_slot, p.stride, p.rows, p.row_bytes)
                                                  for p in l.parts), len(shapes)) for l in self.layouts]
@@ -232,7 +233,8 @@ class Pager:
         self._transient: dict[Key, tuple[np.ndarray, ReadHandle]] = {}
         self.clock = 0
         self.current_layer = -1
-        self.ssd_bytes = 0
+        self.ssd_bytes = 0      # expert bytes read (pins excluded)
+        self.io_bytes = 0       # bytes those reads moved, aligned windows included
         self.pin_bytes = 0
         self.io_wait_s = 0.0
         self.profile: Counter[Key] = Counter()
@@ -290,6 +292,10 @@ class Pager:
     def _ranges(self, key: Key, base_addr: int, mem: memoryview) -> list:
         layer, e = key
         return [(off, n, mem[pos:pos + n], base_addr + pos) for off, n, pos in self.layouts[layer].ranges(e)]
+
+    def _count_read(self, layer: int) -> None:
+        self.ssd_bytes += self.layouts[layer].expert_bytes
+        self.io_bytes += self.layouts[layer].read_bytes
 
     def _read_into_slot(self, key: Key, slot: int) -> None:
         layout = self.layouts[key[0]]
@@ -359,7 +365,7 @@ class Pager:
             d = self.policy.prefetch(key, il, born, protect)
             if d is not None:
                 self._read_into_slot(key, d.slot)
-                self.ssd_bytes += self.layouts[key[0]].expert_bytes
+                self._count_read(key[0])
                 if self.read_log is not None:
                     self.read_log.append(("prefetch", key))
 
@@ -371,12 +377,11 @@ class Pager:
             self._start()
         self.queue.drop_layer(il)
         decisions = self.policy.lookup(il, experts)
-        nbytes = self.layouts[il].expert_bytes
         for d in decisions:
             self.profile[d.key] += 1
             if d.hit:
                 continue
-            self.ssd_bytes += nbytes
+            self._count_read(il)
             if self.read_log is not None:
                 self.read_log.append(("miss", d.key))
             if d.slot >= 0:
@@ -415,7 +420,7 @@ class Pager:
         if d.slot < 0:
             raise slot_error(f"layer {il} expert {e}: not admitted to a slot")
         if not d.hit:
-            self.ssd_bytes += self.layouts[il].expert_bytes
+            self._count_read(il)
             self._read_into_slot(key, d.slot)
             if self.read_log is not None:
                 self.read_log.append(("miss", key))
@@ -429,7 +434,9 @@ class Pager:
     def counters(self) -> dict:
         c = self.policy.counters()
         c["ssd_bytes"] = self.ssd_bytes
+        c["io_bytes"] = self.io_bytes
         c["io_wait_s"] = self.io_wait_s
+        c["io_direct_pct"] = self.io.direct_pct()
         c["n_slots"] = self.plan.total_slots
         c["n_slots_small"] = self.plan.n_class("small")
         c["n_slots_large"] = self.plan.n_class("large")
@@ -468,6 +475,7 @@ def phase_counters(prev: dict, before: dict, after: dict, phase_tokens: int) -> 
         "evictions": rec["evictions"],
         "ssd_bytes": rec["ssd_bytes"],
         "ssd_bytes_per_token": round(rec["ssd_bytes"] / phase_tokens, 3) if phase_tokens else 0.0,
+        "io_bytes": rec["io_bytes"],
         "n_slots": int(after.get("n_slots", 0)),
         "n_slots_small": int(after.get("n_slots_small", 0)),
         "n_slots_large": int(after.get("n_slots_large", 0)),
@@ -477,6 +485,7 @@ def phase_counters(prev: dict, before: dict, after: dict, phase_tokens: int) -> 
                                if rec["prefetch_issued"] else 0.0),
         "io_wait_s": round(float(prev.get("io_wait_s", 0.0)) + float(after.get("io_wait_s", 0.0))
                            - float(before.get("io_wait_s", 0.0)), 6),
+        "io_direct_pct": float(after.get("io_direct_pct", 0.0)),
         "arena_mb": after.get("arena_mb", 0.0),
     }
     return out

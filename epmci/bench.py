@@ -90,6 +90,8 @@ _CATALOG = [
     *[_x(f"batch={b}", "prefill micro-batch", batch=b) for b in (4, 16)],
     *[_x(f"io-threads={n}", "reader threads", env={"SDQ_IO_THREADS": str(n)}) for n in (1, 2, 8, 16)],
     _x("io-parallel=off", "an expert's gate, up, down read one after another", env={"SDQ_IO_PARALLEL": "0"}),
+    _x("direct=off", "exact expert reads through the page cache, no aligned O_DIRECT windows",
+       env={"SDQ_DIRECT_IO": "0"}),
     *[_x(f"hot-pin={n}", "pin the N hottest experts of a baseline routing profile",
          env={"SDQ_HOT_PIN": str(n), "SDQ_PROFILE_IN": ROUTING_PROFILE}) for n in (32, 64)],
     *[_x(f"admit={k}", "admit a missed expert on its k-th lookup", env={"SDQ_ADMIT_MIN_HITS": str(k)})
@@ -108,7 +110,7 @@ SUITES: dict[str, list[str]] = {
     "quick": ["baseline", "threads=2", "prefetch=off", "fadvise=on", "arena=15%", "arena=35%",
               "batch=4", "batch=16", "hot-pin=64", "admit=2"],
     "io": ["baseline", "io-threads=1", "io-threads=2", "io-threads=8", "io-threads=16", "io-parallel=off",
-           "fadvise=on"],
+           "direct=off", "fadvise=on"],
     "cache": ["baseline", "hot-pin=32", "hot-pin=64", "admit=2", "admit=3"],
     "slot": ["baseline", "uniform-slots"],
     "arena": ["baseline", "arena=15%", "arena=35%", "arena=50%"],
@@ -309,7 +311,7 @@ def main_bench(cfg, suite: str, only: str | None, repeat: int, out: str, label: 
         raise InputError("--repeat", f"must be >= 1, got {repeat}")
     exps = select(suite, only)
     model = resolve_model(cfg.model).resolve()
-    facts = ModelFacts.of(ModelFile(model), cfg.run.slot_align)
+    facts = ModelFacts.of(ModelFile(model), cfg.run.slot_align, cfg.run.slot_windows)
     engine = EngineCommand.from_setting(cfg.engine.cmd, cfg.engine.env)
     fixed = dict(FIXED, threads=cfg.engine.threads)
     if n_predict is not None:

@@ -57,6 +57,7 @@ class RunConfig:
     arena_fraction: float = 0.25
     ram_budget_mb: float | None = None   # --ram-budget-mb for every paged run
     slot_align: int = 4096               # the engine's alignment of expert parts in a slot
+    slot_windows: bool = True            # parts take the aligned file window covering them (O_DIRECT)
 
 
 @dataclass

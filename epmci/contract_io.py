@@ -19,8 +19,9 @@ MOE_DUMP_MAGIC = b"EPMD"
 SELFTEST_MAGIC = b"EPMS"
 VERSION = 1
 SLOT_ERROR_PREFIX = "[epm] SLOT-ERROR"
-# Stats fields that are timings or process measurements; every other field is an exact counter.
-STATS_TIMING_FIELDS = frozenset({"seconds", "tok_s", "io_wait_s", "peak_rss_mb", "vm_swap_mb"})
+# Stats fields that are timings or measurements of the process and machine (io_direct_pct
+# depends on whether the file system takes O_DIRECT); every other field is an exact counter.
+STATS_TIMING_FIELDS = frozenset({"seconds", "tok_s", "io_wait_s", "io_direct_pct", "peak_rss_mb", "vm_swap_mb"})
 
 
 class ContractError(Exception):

@@ -197,9 +197,9 @@ def test_declined_prefetch_is_not_counted():
 def layout(gate, up, down):
     parts, pos = [], 0
     for n in (gate, up, down):
-        parts.append(PartLayout(pos, 0, n, 1, n))
+        parts.append(PartLayout(pos, 0, n, 1, n, 0, n))   # exact reads
         pos += -(-n // 4096) * 4096
-    return LayerLayout(tuple(parts), gate + up + down, pos)
+    return LayerLayout(tuple(parts), gate + up + down, pos, gate + up + down)
 
 
 CI_LIKE = [layout(73728, 73728, 90112)] * 5 + [layout(73728, 73728, 107520)] + \

@@ -20,6 +20,19 @@ def round_up(n: int, a: int) -> int:
     return (n + a - 1) // a * a
 
 
+def slot_part_bytes(offset: int, n_bytes: int, n_expert: int, file_size: int, align: int,
+                    windows: bool) -> int:
+    """Slot bytes of one expert part as docs/engine-contract.md defines them: with aligned
+    windows, a part whose size is a multiple of `align` takes the aligned file range that
+    covers it (when the last expert's range ends inside the file); else its own bytes,
+    rounded up to `align`."""
+    head = offset % align
+    window = round_up(head + n_bytes, align)
+    if windows and head and n_bytes % align == 0 and offset - head + (n_expert - 1) * n_bytes + window <= file_size:
+        return window
+    return round_up(n_bytes, align)
+
+
 @dataclass
 class ModelFacts:
     """Expert layout facts derived from the model file (never from the engine)."""
@@ -29,17 +42,19 @@ class ModelFacts:
     n_embd: int
     types: list[tuple[str, str, str]]   # per layer: gate, up, down quant type names
     expert_bytes: list[int]             # per layer: gate + up + down bytes
-    slot_bytes: list[int]               # per layer: parts rounded up to the slot alignment
+    slot_bytes: list[int]               # per layer: the slot bytes of its three parts
 
     @classmethod
-    def of(cls, mf: ModelFile, align: int) -> "ModelFacts":
+    def of(cls, mf: ModelFile, align: int, windows: bool = True) -> "ModelFacts":
         hp = mf.hp
+        file_size = os.path.getsize(mf.path)
         types, eb, sb = [], [], []
         for il in range(hp.n_layer):
             parts = [mf.expert_range(il, 0, p) for p in EXPERT_PARTS]
             types.append(tuple(p.qtype.name for p in parts))
             eb.append(sum(p.n_bytes for p in parts))
-            sb.append(sum(round_up(p.n_bytes, align) for p in parts))
+            sb.append(sum(slot_part_bytes(p.offset, p.n_bytes, hp.n_expert, file_size, align, windows)
+                          for p in parts))
         return cls(hp.n_layer, hp.n_expert, hp.n_expert_used, hp.n_embd, types, eb, sb)
 
     def describe_layer(self, il: int) -> str:
@@ -75,7 +90,7 @@ class CheckContext:
     _sha: dict = field(default_factory=dict, init=False)
 
     def __post_init__(self):
-        self.facts = ModelFacts.of(self.mf, self.cfg.run.slot_align)
+        self.facts = ModelFacts.of(self.mf, self.cfg.run.slot_align, self.cfg.run.slot_windows)
 
     # -------------------------------------------------------------- settings
 
