@@ -62,7 +62,9 @@ class MemoryCap:
                 "failcnt": int((self.path / "memory.failcnt").read_text())}
 
     def reset(self) -> None:
+        """Per-run figures: peak usage and the count of hits on the limit (reclaim) start at 0."""
         (self.path / "memory.max_usage_in_bytes").write_text("0")
+        (self.path / "memory.failcnt").write_text("0")
 
     def close(self) -> None:
         self.path.rmdir()
@@ -77,28 +79,30 @@ def drop_page_cache(path: str) -> None:
         os.close(fd)
 
 
-def run_capped(cap: MemoryCap, cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
+def run_capped(cap: MemoryCap, cmd: list[str], timeout: float,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     cap.reset()
     try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, preexec_fn=cap.join)
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, preexec_fn=cap.join,
+                              env={**os.environ, **(env or {})})
     except subprocess.TimeoutExpired as e:
         return subprocess.CompletedProcess(cmd, -999, e.stdout or "", f"timeout after {timeout}s")
 
 
-def engine_run(cap, model, a, arena_mb, extra: list[str]) -> dict:
+def engine_run(cap, model, a, arena_mb, extra: list[str], env: dict[str, str]) -> dict:
     with tempfile.TemporaryDirectory() as td:
         stats = Path(td) / "s.jsonl"
         cmd = [sys.executable, "-m", "engine", "-m", model, "-p", PROMPT, "-n", str(a.n_predict),
                "-t", str(a.threads), "-b", "8", "--no-chat", "--arena-mb", str(arena_mb),
                "--ram-budget-mb", str(cap.limit // 2**20), "--stats-file", str(stats), *extra]
-        r = run_capped(cap, cmd, a.timeout)
+        r = run_capped(cap, cmd, a.timeout, env)
         if r.returncode != 0:
             return {"error": f"exit {r.returncode}: {r.stderr.strip()[-300:]}", **cap.stats()}
         dec = {json.loads(l)["phase"]: json.loads(l) for l in stats.read_text().splitlines()}["decode"]
         return {"tok_s": dec["tok_s"], "hit_rate": dec["hit_rate"],
                 "mb_per_token": dec["ssd_bytes_per_token"] / 2**20, "peak_rss_mb": dec["peak_rss_mb"],
                 "prefetch_issued": dec["prefetch_issued"], "prefetch_used": dec["prefetch_used"],
-                "io_wait_s": dec["io_wait_s"], **cap.stats()}
+                "io_wait_s": dec["io_wait_s"], "io_direct_pct": dec.get("io_direct_pct"), **cap.stats()}
 
 
 def llama_run(cap, model, a) -> dict:
@@ -120,6 +124,8 @@ def main() -> int:
     ap.add_argument("--arena-fraction", type=float, default=0.55, help="of the cap, for the engine's arena")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--out", help="write the runs and medians as JSON here")
+    ap.add_argument("--buffered-too", action="store_true",
+                    help="also run both engine rows with SDQ_DIRECT_IO=0 (exact reads through the page cache)")
     a = ap.parse_args()
     if not CGROUP_ROOT.is_dir() or os.geteuid() != 0:
         sys.exit("needs root and the cgroup-v1 memory controller at /sys/fs/cgroup/memory")
@@ -136,13 +142,16 @@ def main() -> int:
         have_llama = False
     # prefetch off too: layer-ahead predictions that miss read bytes nobody uses, which
     # matters most when the disk is the bottleneck
-    engines = {"engine": [], "engine --no-prefetch": ["--no-prefetch"]}
+    engines = {"engine": ([], {}), "engine --no-prefetch": (["--no-prefetch"], {})}
+    if a.buffered_too:
+        engines.update({f"{name}, SDQ_DIRECT_IO=0": (extra, {"SDQ_DIRECT_IO": "0"})
+                        for name, (extra, _) in list(engines.items())})
     runs: dict[str, list[dict]] = {name: [] for name in (*engines, "llama.cpp")}
     try:
         for i in range(a.repeat):
-            for name, extra in engines.items():
+            for name, (extra, env) in engines.items():
                 drop_page_cache(a.model)
-                runs[name].append(engine_run(cap, a.model, a, arena_mb, extra))
+                runs[name].append(engine_run(cap, a.model, a, arena_mb, extra, env))
                 print(f"[{i + 1}/{a.repeat}] {name} {runs[name][-1]}", file=sys.stderr)
             if have_llama:
                 drop_page_cache(a.model)
@@ -153,24 +162,27 @@ def main() -> int:
     print(f"model {a.model}: {size / 2**30:.2f} GiB; cap {cap.limit / 2**30:.2f} GiB "
           f"({a.cap_fraction:.2f} of the file); engine arena {arena_mb} MiB; -t {a.threads}; "
           f"{a.n_predict} decoded tokens; median of {a.repeat}")
-    print("| engine | decode tok/s | runs ok | hit rate | MiB/token | prefetch used/issued | peak cgroup MiB |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| engine | decode tok/s | runs ok | hit rate | MiB/token | prefetch used/issued | O_DIRECT "
+          "| peak cgroup MiB |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     med = {}
     for name, rs in runs.items():
         ok = [r for r in rs if "tok_s" in r]
         if not rs:
-            print(f"| {name} | not installed | | | | | |")
+            print(f"| {name} | not installed | | | | | | |")
             continue
         if not ok:
-            print(f"| {name} | failed: {rs[0]['error'][:60]} | 0/{len(rs)} | | | | {max(r['max_usage_mb'] for r in rs):.0f} |")
+            print(f"| {name} | failed: {rs[0]['error'][:60]} | 0/{len(rs)} | | | | | "
+                  f"{max(r['max_usage_mb'] for r in rs):.0f} |")
             continue
         med[name] = statistics.median(r["tok_s"] for r in ok)
         hit = statistics.median(r["hit_rate"] for r in ok) if "hit_rate" in ok[0] else None
         mbt = statistics.median(r["mb_per_token"] for r in ok) if "mb_per_token" in ok[0] else None
         pf = (f"{statistics.median(r['prefetch_used'] for r in ok):.0f}/"
               f"{statistics.median(r['prefetch_issued'] for r in ok):.0f}") if "prefetch_used" in ok[0] else ""
+        direct = f"{ok[0]['io_direct_pct']:.0f} %" if ok[0].get("io_direct_pct") is not None else ""
         print(f"| {name} | {med[name]:.2f} | {len(ok)}/{len(rs)} | {'' if hit is None else f'{hit:.1f} %'} "
-              f"| {'' if mbt is None else f'{mbt:.1f}'} | {pf} | {max(r['max_usage_mb'] for r in ok):.0f} |")
+              f"| {'' if mbt is None else f'{mbt:.1f}'} | {pf} | {direct} | {max(r['max_usage_mb'] for r in ok):.0f} |")
     print()
     if "llama.cpp" in med:
         for name in engines:
