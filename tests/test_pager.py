@@ -7,6 +7,7 @@ is 15.75 MiB, 13.3 %). Runs are in-process (engine.runtime.Engine) except the CL
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
@@ -444,6 +445,48 @@ def test_expert_io_direct_when_aligned_else_buffered(tmp_path):
             io.submit([(len(data) - 10, 100, mv[0:100], addr)]).wait()
     finally:
         io.close()
+
+
+@pytest.mark.parametrize("offset,stride,n_expert,file_size,direct,want", [
+    (2496, 73728, 64, 10**9, True, (2496, 77824)),    # whole pages, misaligned: one page more
+    (2496, 73728, 64, 10**9, False, (0, 73728)),      # SDQ_DIRECT_IO=0: exact
+    (8192, 73728, 64, 10**9, True, (0, 73728)),       # already aligned: exact is the window
+    (2720, 53760, 8, 10**9, True, (0, 53760)),        # not whole pages (Q6_K down): exact
+    # the last expert's window would pass the end of the file: exact
+    (2496, 73728, 2, 2496 + 2 * 73728 + 100, True, (0, 73728)),
+    (2496, 73728, 2, 2496 - 2496 + 77824 + 73728, True, (2496, 77824)),   # ends exactly at EOF
+])
+def test_part_window_rule(offset, stride, n_expert, file_size, direct, want):
+    from engine.arena import part_window
+    from epmci.check.context import slot_part_bytes
+    assert part_window(offset, stride, n_expert, file_size, direct) == want
+    # epmci's model of the rule (for the minimum arena) agrees with the engine's
+    assert slot_part_bytes(offset, stride, n_expert, file_size, 4096, direct) == -(-want[1] // 4096) * 4096
+
+
+def test_o_direct_refused_at_read_time_falls_back_to_buffered(ci, sizes, resident, monkeypatch):
+    """A file system that opens with O_DIRECT but refuses the reads (EINVAL): the same
+    windows are read buffered, outputs and exact counters unchanged."""
+    base = cached(ci, arena(sizes, 0.15), {})
+    direct_fds: set[int] = set()
+    real_init, real_preadv = expert_io.ExpertIO.__init__, os.preadv
+
+    def init(self, *a, **kw):
+        real_init(self, *a, **kw)
+        direct_fds.add(self.dfd)
+
+    def preadv(fd, bufs, offset):
+        if fd >= 0 and fd in direct_fds:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_preadv(fd, bufs, offset)
+
+    monkeypatch.setattr(expert_io.ExpertIO, "__init__", init)
+    monkeypatch.setattr(expert_io.os, "preadv", preadv)
+    r = run(ci, arena(sizes, 0.15), {})
+    assert r.logits.tobytes() == resident.logits.tobytes()
+    assert r.exact() == base.exact()
+    assert r.pager.io.reads_direct == 0 and r.pager.io.dfd == -1
+    assert all(rec["io_direct_pct"] == 0 for rec in r.records)
 
 
 def test_pager_reads_land_in_their_slots(ci, sizes):
