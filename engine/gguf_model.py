@@ -1,13 +1,17 @@
 """Load a qwen3moe GGUF for the engine: hyperparameters from metadata, tensors as views.
 
-Every tensor is a view into one read-only memory map of the file; nothing is copied here.
-The pager (engine/pager.py) decides how expert bytes actually reach RAM.
+Every tensor starts as a view into one read-only memory map of the file. `load_resident`
+then reads the non-expert tensors (attention, norms, router, embeddings, output) into
+anonymous memory: mapped file pages can be reclaimed under memory pressure and silently
+read again, which would be disk I/O no counter sees; anonymous pages stay (there is no
+swap on the machines this targets; `vm_swap_mb` would show it). Expert tensors stay
+mapped: the pager (engine/pager.py) decides how their bytes reach RAM.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -165,6 +169,29 @@ class GGUFModel:
 
     def expert_bytes(self, il: int) -> int:
         return sum(self.expert_part(il, p).stride for p in EXPERT_PARTS)
+
+    def load_resident(self) -> None:
+        """Replace every non-expert tensor's view with a read-only copy in anonymous memory,
+        read with pread (not through the map, so no file page is counted twice in RSS)
+        and then dropped from the page cache."""
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            for name, t in self.tensors.items():
+                if "_exps." in name:
+                    continue
+                buf = np.empty(t.data.nbytes, dtype=np.uint8)
+                done = 0
+                while done < buf.nbytes:
+                    n = os.preadv(fd, [memoryview(buf)[done:]], t.offset + done)
+                    if n <= 0:
+                        raise ModelError(f"{self.path}: short read of tensor {name}")
+                    done += n
+                data = buf.view(t.data.dtype).reshape(t.data.shape)
+                data.flags.writeable = False   # same kernel specializations as the mapped views
+                self.tensors[name] = replace(t, data=data)
+                os.posix_fadvise(fd, t.offset, t.data.nbytes, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
 
     def resident_bytes(self) -> int:
         """Bytes of every tensor that is not an expert tensor (kept in RAM by the engine)."""

@@ -1,8 +1,9 @@
 """The qwen3moe forward pass, in the order of the graph (see docs/engine-contract.md).
 
-Dense weights are used in place from the memory-mapped file; expert weights come from an
-ExpertStore (resident: the mapped file; paged: the RAM arena), which is the only thing
-that differs between `--no-pager` and a paged run -- so their logits must be identical.
+Dense weights are the model's resident copies (GGUFModel.load_resident); expert weights
+come from an ExpertStore (resident: the mapped file; paged: the RAM arena), which is the
+only thing that differs between `--no-pager` and a paged run -- so their logits must be
+identical.
 """
 
 from __future__ import annotations
@@ -81,6 +82,11 @@ def expert_ffn(gate_w: np.ndarray, up_w: np.ndarray, down_w: np.ndarray,
     return matmul(down_w, t_down, Activation(act))
 
 
+def kv_cache_bytes(hp, n_ctx: int) -> int:
+    """K and V caches of every layer, F16."""
+    return 2 * hp.n_layer * n_ctx * hp.n_head_kv * hp.head_dim * 2
+
+
 class Model:
     def __init__(self, gm: GGUFModel, experts: ExpertStore, n_ctx: int):
         self.gm, self.hp, self.experts = gm, gm.hp, experts
@@ -96,8 +102,6 @@ class Model:
         self._exp_types = [tuple(int(gm.expert_part(il, p).qtype) for p in ("gate", "up", "down"))
                            for il in range(hp.n_layer)]
 
-    def kv_cache_bytes(self) -> int:
-        return self.k_cache.nbytes + self.v_cache.nbytes
 
     def reset(self) -> None:
         self.n_past = 0

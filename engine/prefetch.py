@@ -35,14 +35,15 @@ class Predictor:
     """Routing of a layer applied to a hidden state it was not computed for."""
 
     def __init__(self, gm: GGUFModel):
-        hp = gm.hp
-        self.k, self.eps = hp.n_expert_used, hp.rms_eps
-        self.norm = [gm.layer(il, "ffn_norm").data for il in range(hp.n_layer)]
-        self.router = [gm.layer(il, "ffn_gate_inp").data for il in range(hp.n_layer)]
+        # The tensors are looked up at each prediction, not kept: the engine replaces the
+        # mapped views with resident copies (GGUFModel.load_resident) after the pager exists.
+        self.gm = gm
+        self.k, self.eps = gm.hp.n_expert_used, gm.hp.rms_eps
 
     def predict(self, layer: int, x: np.ndarray) -> list[int]:
-        h = ops.rms_norm(np.ascontiguousarray(x, dtype=np.float32), self.norm[layer], self.eps)
-        logits = K.matmul_f32(self.router[layer], h)
+        norm = self.gm.layer(layer, "ffn_norm").data
+        h = ops.rms_norm(np.ascontiguousarray(x, dtype=np.float32), norm, self.eps)
+        logits = K.matmul_f32(self.gm.layer(layer, "ffn_gate_inp").data, h)
         sel = np.argsort(-logits, axis=-1, kind="stable")[:, :self.k]
         return list(dict.fromkeys(sel.ravel().tolist()))
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from . import kernels
 from .gguf_model import GGUFModel
-from .model import Model, MoETrace, ResidentExperts
+from .model import Model, MoETrace, ResidentExperts, kv_cache_bytes
 from .tokenizer import Tokenizer
 
 CHAT_TEMPLATE = "<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
@@ -80,13 +80,14 @@ class Engine:
                                  n_ctx=self.options.n_ctx)
         else:
             self.experts = ResidentExperts(self.gm)
-        self.model = Model(self.gm, self.experts, self.options.n_ctx)
-        if self.options.pager:
-            try:
-                self.experts.check_budget(self.model.kv_cache_bytes())
-            except BaseException:
-                self.experts.close()   # stop the pager's reader threads
-                raise
+        try:
+            if self.options.pager:   # before anything large is read or allocated
+                self.experts.check_budget(kv_cache_bytes(self.gm.hp, self.options.n_ctx))
+            self.gm.load_resident()
+            self.model = Model(self.gm, self.experts, self.options.n_ctx)
+        except BaseException:
+            self.close()   # stop the pager's reader threads
+            raise
         self.phases: list[PhaseStats] = []
 
     # ------------------------------------------------------------ evaluation

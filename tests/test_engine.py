@@ -102,6 +102,28 @@ def test_cli_outputs_and_stats(tiny_model, tmp_path):
     assert r.stdout.strip()  # generated text on stdout
 
 
+@pytest.mark.parametrize("pager", [True, False])
+def test_dense_weights_are_resident_copies_not_mapped_pages(tiny_model, pager):
+    """Mapped pages can be reclaimed and re-read from disk unseen; the engine's dense
+    weights live in anonymous memory, byte-equal to the file; experts stay mapped."""
+    mf = ModelFile(tiny_model)
+    eng = Engine(tiny_model, Options(n_ctx=64, pager=pager))
+    try:
+        mapped = eng.gm.reader.data
+        for name, t in eng.gm.tensors.items():
+            if "_exps." in name:
+                assert np.shares_memory(t.data, mapped), name
+                continue
+            assert not np.shares_memory(t.data, mapped), name
+            assert not t.data.flags.writeable, name
+            want = mf.tensor(name)
+            with open(tiny_model, "rb") as f:
+                f.seek(want.offset)
+                assert t.data.tobytes() == f.read(want.n_bytes), name
+    finally:
+        eng.close()
+
+
 def test_seeded_sampling_is_reproducible(tiny_model):
     eng = resident(tiny_model)
     toks = eng.encode_prompt("once upon a time", chat=True)
