@@ -11,6 +11,11 @@ The runs are also written as JSON (--out) so the table can be re-rendered or com
 
 Usage: python bench/headline.py [--model PATH] [--repeat 3] [--n-predict 16] [--threads 2]
                                 [--cap-fraction 0.333] [--out results/headline.json]
+                                [--buffered-too] [--ref GIT_REF] [--no-llama]
+
+--buffered-too and --ref add rows to the same interleaved run: the engine with exact
+buffered reads, and the engine of another commit (an A/B of an engine change measured on
+the same machine state, the only comparison this shared box supports).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import textwrap
 from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
+REPO = Path(__file__).resolve().parent.parent
 PROMPT = "Write a short paragraph about how mixture-of-experts models route tokens."
 
 LLAMA_SCRIPT = textwrap.dedent("""
@@ -79,23 +85,23 @@ def drop_page_cache(path: str) -> None:
         os.close(fd)
 
 
-def run_capped(cap: MemoryCap, cmd: list[str], timeout: float,
-               env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def run_capped(cap: MemoryCap, cmd: list[str], timeout: float, env: dict[str, str] | None = None,
+               cwd: str | None = None) -> subprocess.CompletedProcess:
     cap.reset()
     try:
         return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, preexec_fn=cap.join,
-                              env={**os.environ, **(env or {})})
+                              env={**os.environ, **(env or {})}, cwd=cwd or REPO)
     except subprocess.TimeoutExpired as e:
         return subprocess.CompletedProcess(cmd, -999, e.stdout or "", f"timeout after {timeout}s")
 
 
-def engine_run(cap, model, a, arena_mb, extra: list[str], env: dict[str, str]) -> dict:
+def engine_run(cap, model, a, arena_mb, extra: list[str], env: dict[str, str], cwd: str | None) -> dict:
     with tempfile.TemporaryDirectory() as td:
         stats = Path(td) / "s.jsonl"
         cmd = [sys.executable, "-m", "engine", "-m", model, "-p", PROMPT, "-n", str(a.n_predict),
                "-t", str(a.threads), "-b", "8", "--no-chat", "--arena-mb", str(arena_mb),
                "--ram-budget-mb", str(cap.limit // 2**20), "--stats-file", str(stats), *extra]
-        r = run_capped(cap, cmd, a.timeout, env)
+        r = run_capped(cap, cmd, a.timeout, env, cwd)
         if r.returncode != 0:
             return {"error": f"exit {r.returncode}: {r.stderr.strip()[-300:]}", **cap.stats()}
         dec = {json.loads(l)["phase"]: json.loads(l) for l in stats.read_text().splitlines()}["decode"]
@@ -103,6 +109,18 @@ def engine_run(cap, model, a, arena_mb, extra: list[str], env: dict[str, str]) -
                 "mb_per_token": dec["ssd_bytes_per_token"] / 2**20, "peak_rss_mb": dec["peak_rss_mb"],
                 "prefetch_issued": dec["prefetch_issued"], "prefetch_used": dec["prefetch_used"],
                 "io_wait_s": dec["io_wait_s"], "io_direct_pct": dec.get("io_direct_pct"), **cap.stats()}
+
+
+def ref_worktree(ref: str) -> str:
+    """A detached worktree of `ref` whose engine has compiled its kernels (numba cache)."""
+    path = tempfile.mkdtemp(prefix="epmci-headline-ref-")
+    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "--force", path, ref],
+                   check=True, capture_output=True)
+    from epmci.models.store import make_model
+    subprocess.run([sys.executable, "-m", "engine", "-m", str(make_model("ci")), "-p", PROMPT, "-n", "2",
+                    "--no-chat"], cwd=path, env={**os.environ, "PYTHONPATH": path}, check=True,
+                   capture_output=True)
+    return path
 
 
 def llama_run(cap, model, a) -> dict:
@@ -126,6 +144,9 @@ def main() -> int:
     ap.add_argument("--out", help="write the runs and medians as JSON here")
     ap.add_argument("--buffered-too", action="store_true",
                     help="also run both engine rows with SDQ_DIRECT_IO=0 (exact reads through the page cache)")
+    ap.add_argument("--ref", help="also run both engine rows with the engine of this git ref (a temporary "
+                                  "worktree; its numba cache is warmed up outside the cap first)")
+    ap.add_argument("--no-llama", action="store_true", help="skip llama.cpp even when it is installed")
     a = ap.parse_args()
     if not CGROUP_ROOT.is_dir() or os.geteuid() != 0:
         sys.exit("needs root and the cgroup-v1 memory controller at /sys/fs/cgroup/memory")
@@ -137,21 +158,25 @@ def main() -> int:
     arena_mb = int(cap.limit * a.arena_fraction / 2**20)
     try:
         import llama_cpp  # noqa: F401
-        have_llama = True
+        have_llama = not a.no_llama
     except ImportError:
         have_llama = False
     # prefetch off too: layer-ahead predictions that miss read bytes nobody uses, which
     # matters most when the disk is the bottleneck
-    engines = {"engine": ([], {}), "engine --no-prefetch": (["--no-prefetch"], {})}
+    engines = {"engine": ([], {}, None), "engine --no-prefetch": (["--no-prefetch"], {}, None)}
     if a.buffered_too:
-        engines.update({f"{name}, SDQ_DIRECT_IO=0": (extra, {"SDQ_DIRECT_IO": "0"})
-                        for name, (extra, _) in list(engines.items())})
+        engines.update({f"{name}, SDQ_DIRECT_IO=0": (extra, {"SDQ_DIRECT_IO": "0"}, None)
+                        for name, (extra, _, _) in list(engines.items())})
+    worktree = ref_worktree(a.ref) if a.ref else None
+    if worktree:
+        engines.update({f"{name} @{a.ref}": (extra, {"PYTHONPATH": worktree}, worktree)
+                        for name, (extra, _, _) in list(engines.items())})
     runs: dict[str, list[dict]] = {name: [] for name in (*engines, "llama.cpp")}
     try:
         for i in range(a.repeat):
-            for name, (extra, env) in engines.items():
+            for name, (extra, env, cwd) in engines.items():
                 drop_page_cache(a.model)
-                runs[name].append(engine_run(cap, a.model, a, arena_mb, extra, env))
+                runs[name].append(engine_run(cap, a.model, a, arena_mb, extra, env, cwd))
                 print(f"[{i + 1}/{a.repeat}] {name} {runs[name][-1]}", file=sys.stderr)
             if have_llama:
                 drop_page_cache(a.model)
@@ -159,6 +184,8 @@ def main() -> int:
                 print(f"[{i + 1}/{a.repeat}] llama.cpp {runs['llama.cpp'][-1]}", file=sys.stderr)
     finally:
         cap.close()
+        if worktree:
+            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", worktree], check=False)
     print(f"model {a.model}: {size / 2**30:.2f} GiB; cap {cap.limit / 2**30:.2f} GiB "
           f"({a.cap_fraction:.2f} of the file); engine arena {arena_mb} MiB; -t {a.threads}; "
           f"{a.n_predict} decoded tokens; median of {a.repeat}")
