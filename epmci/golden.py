@@ -340,6 +340,8 @@ def render(g: Golden) -> str:
            f"  recorded {r.get('date', '?')} with {r.get('engine', '?')}: {r.get('reason', '')}"]
     for h in g.history:
         out.append(f"    earlier {h.get('date')}: {h.get('reason')}")
+    if r.get("other_cpu_pct_max") is not None:
+        out.append(f"  timed while other processes used at most {r['other_cpu_pct_max']:.0f}% of the CPU")
     if g.machine:
         mc = g.machine
         out.append(f"  machine: {mc.get('cpu_model')}, {mc.get('n_cpus')} CPUs, {mc.get('mem_total_gib')} GiB"

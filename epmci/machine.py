@@ -5,10 +5,50 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
+import resource
+import time
 from pathlib import Path
 
 # Keys that must agree for tok/s to be comparable; the others are reported only.
 TIMING_KEYS = ("cpu_model", "cpu_flags_sha256", "n_cpus", "mem_total_gib", "mem_limit_gib", "fs_type")
+
+
+def _busy_cpu_seconds() -> float | None:
+    """CPU seconds all CPUs spent on anything but idle and iowait since boot (/proc/stat),
+    steal included: a hypervisor taking the CPU is contention too. None off Linux."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu":
+        return None
+    v = [int(x) for x in fields[1:9]]            # user nice system idle iowait irq softirq steal
+    return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu_seconds() -> float:
+    """CPU seconds of this process and of its children that have been waited for."""
+    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+
+
+class CpuContention:
+    """`with CpuContention() as c: run()` -- afterwards `c.other_pct` is the CPU time other
+    processes took during the block, in % of the machine's CPU capacity (None where
+    /proc/stat is missing). A timing taken while it was high measured the neighbours too."""
+
+    def __enter__(self) -> "CpuContention":
+        self.other_pct: float | None = None
+        self._t0, self._busy0, self._own0 = time.monotonic(), _busy_cpu_seconds(), _own_cpu_seconds()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        wall, busy = time.monotonic() - self._t0, _busy_cpu_seconds()
+        if busy is None or self._busy0 is None or wall <= 0:
+            return
+        other = (busy - self._busy0) - (_own_cpu_seconds() - self._own0)
+        self.other_pct = round(max(0.0, 100.0 * other / (wall * (os.cpu_count() or 1))), 1)
 
 
 def _cpuinfo() -> dict[str, str]:

@@ -23,6 +23,7 @@ import numpy as np
 
 from .contract_io import STATS_TIMING_FIELDS, ContractError, read_logits, read_stats
 from .engine_runner import EngineCommand, EngineRun, drop_page_cache, run_engine
+from .machine import CpuContention
 
 PHASES = ("prefill", "decode")
 # Direction of a counter change: fewer reads and misses, more hits are better. Any counter
@@ -86,6 +87,7 @@ class Measurement:
     logits_rows: int = 0
     text_sha256: str = ""
     gen_rows: np.ndarray | None = None               # logits rows from the last prompt row on (kept)
+    other_cpu_pct: float | None = None               # CPU others took during the run (machine.CpuContention)
 
     @property
     def seconds(self) -> float:
@@ -122,8 +124,9 @@ def measure(engine: EngineCommand, model: str | os.PathLike, spec: RunSpec, outd
     e = numba_threads_env(spec.threads)
     e.update(env or {})
     e.update({str(k): str(v) for k, v in spec.env.items()})
-    run = run_engine(engine, spec.args(model, out), timeout=timeout, label=label, env=e, cwd=cwd or out)
-    m = Measurement(label, False, run=run)
+    with CpuContention() as busy:
+        run = run_engine(engine, spec.args(model, out), timeout=timeout, label=label, env=e, cwd=cwd or out)
+    m = Measurement(label, False, run=run, other_cpu_pct=busy.other_pct)
     if not run.ok:
         m.failure = run.failure()
         return m

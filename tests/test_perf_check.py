@@ -209,6 +209,34 @@ def test_tok_s_regression_fails_and_says_it_is_not_io(tmp_path, tiny_model, gold
         assert f'name="baseline: decode tok/s vs golden.{key}"' in xml, key
 
 
+def test_busy_machine_is_named_in_the_timing_verdict_and_in_golden_show(tmp_path, tiny_model, golden_dir,
+                                                                        monkeypatch, capsys):
+    """A timing taken while other processes had the CPU measured them too: the verdict says
+    so, and a golden recorded that way says so when shown."""
+    import epmci.measure as M
+
+    class Busy:
+        def __enter__(self):
+            self.other_pct = 60.0
+            return self
+
+        def __exit__(self, *exc):
+            pass
+    monkeypatch.setattr(M, "CpuContention", Busy)
+    edit_golden(golden_dir, tiny_model, lambda d: (d["scenarios"]["baseline"].update(
+        timing=_timing([1e5, 1.01e5, 0.99e5, 1.02e5, 0.98e5])), d["recorded"].update(other_cpu_pct_max=45.5)))
+    rc, rep, _ = check(tmp_path, tiny_model, golden_dir, "--set", "perf.repeats=3")
+    t = results(rep)["baseline: decode tok/s vs golden"]
+    assert rc == 1 and t["status"] == "fail"
+    assert "other processes used a median 60% of the CPU" in t["message"]
+    assert t["properties"]["other_cpu_pct_median"] == 60.0
+    assert t["properties"]["golden_other_cpu_pct_max"] == 45.5
+    capsys.readouterr()
+    assert epmci_main(["golden", "show", "--model", str(tiny_model), "--profile", PROFILE,
+                       "--set", f"perf.golden_dir={golden_dir}"]) == 0
+    assert "timed while other processes used at most 46% of the CPU" in capsys.readouterr().out
+
+
 def test_foreign_machine_skips_timing_but_compares_counters(tmp_path, tiny_model, golden_dir):
     def edit(d):
         d["scenarios"]["baseline"]["timing"] = _timing([1e5, 1e5, 1e5])

@@ -48,6 +48,15 @@ from .base import Task
 NAME = "perf"
 # settings that decide counters and fingerprints (threads and the RAM budget do not)
 COUNTER_SETTINGS = ("prompts", "n_predict", "batch", "ctx")
+# Share of the machine's CPU that other processes took during a timed run (measure.py)
+# above which the run is called out: its tok/s measured the neighbours as well.
+BUSY_WARN_PCT = 20.0
+
+
+def _busy_note(pct: float | None) -> str:
+    if pct is None or pct < BUSY_WARN_PCT:
+        return ""
+    return f" -- WARNING: other processes used {pct:.0f}% of the CPU meanwhile; this sample is low"
 
 
 def prompt_label(i: int, prompt: str) -> str:
@@ -368,9 +377,17 @@ class PerfSuite:
                  "n_baseline": comp.n_baseline, "n_current": comp.n_current,
                  "samples": [round(x, 4) for x in cur], "alpha": pc.alpha, "alpha_per_look": round(alpha, 5),
                  "min_effect": pc.min_effect}
+        busy = [m.other_cpu_pct for m in timed if m.other_cpu_pct is not None]
+        if busy:
+            props["other_cpu_pct_median"] = round(statistics.median(busy), 1)
+        if plan.golden.recorded.get("other_cpu_pct_max") is not None:
+            props["golden_other_cpu_pct_max"] = plan.golden.recorded["other_cpu_pct_max"]
         what = (f"decode tok/s {comp.current:.2f} vs golden {comp.baseline:.2f} (x{comp.ratio:.3f}, 95% CI "
                 f"[{comp.ci[0]:.3f}, {comp.ci[1]:.3f}], Mann-Whitney p={comp.p_value:.3g}, {comp.n_current} vs "
                 f"{comp.n_baseline} runs, min effect {pc.min_effect:.0%}): {comp.verdict}")
+        if busy and statistics.median(busy) >= BUSY_WARN_PCT:
+            what += (f" -- other processes used a median {statistics.median(busy):.0f}% of the CPU during "
+                     f"these runs, so the machine, not only the engine, was measured")
         if comp.verdict == DIFFERENT and comp.ratio < 1:
             io, why = io_diagnosis(g["prompts"][0]["counters"].get("decode", {}), timed[0].stats.get("decode", {}))
             props["io_regression"] = io
@@ -470,6 +487,7 @@ def record_golden(ctx: CheckContext, plan: PerfPlan, reason: str, *, timing: boo
     pc = ctx.cfg.perf
     scenarios, logits = {}, {}
     peak_all = []
+    busiest: float | None = None    # the most CPU other processes took during a timed run
     for scen in pc.scenarios:
         exp = EXPERIMENTS[scen]
         specs = plan.specs[scen]
@@ -501,9 +519,13 @@ def record_golden(ctx: CheckContext, plan: PerfPlan, reason: str, *, timing: boo
                 if m.counters != first[0].counters or m.logits_sha256 != first[0].logits_sha256:
                     raise RuntimeError(f"{scen}: timed run {r + 2} is not reproducible (counters or logits differ "
                                        f"from the first run): refusing to record")
-                say(f"[golden] {scen} timed run {r + 2}/{repeats}: {m.tok_s:.2f} tok/s decode")
+                say(f"[golden] {scen} timed run {r + 2}/{repeats}: {m.tok_s:.2f} tok/s decode"
+                    f"{_busy_note(m.other_cpu_pct)}")
                 timed.append(m)
         samples = [round(m.tok_s, 4) for m in timed]
+        busy = [m.other_cpu_pct for m in timed if m.other_cpu_pct is not None]
+        if timing and busy:
+            busiest = max(busiest or 0.0, *busy)
         runs = first + timed[1:]
         scenarios[scen] = {
             "args": dict(exp.args),
@@ -531,7 +553,8 @@ def record_golden(ctx: CheckContext, plan: PerfPlan, reason: str, *, timing: boo
         scenarios=scenarios,
         machine=plan.machine,
         recorded={"date": now(), "reason": reason, "engine": ctx.engine.describe(), "epmci": ver,
-                  "host": platform.node(), "timing": timing, "repeats": repeats if timing else 1},
+                  "host": platform.node(), "timing": timing, "repeats": repeats if timing else 1,
+                  **({"other_cpu_pct_max": busiest} if busiest is not None else {})},
         history=new_history(previous),
         logits=logits,
     )
