@@ -162,6 +162,9 @@ def summarize(exp: Experiment, runs: list[list[Measurement]], prompts: list[str]
         "prefill_tok_s": statistics.median(m.prefill_tok_s for rep in runs for m in rep),
         "hit_rate": round(100.0 * hits / (hits + misses), 2) if hits + misses else 0.0,
         "ssd_mib_per_token": round(_agg(first, "ssd_bytes") / tokens / MiB, 4) if tokens else 0.0,
+        # what the reads moved, page padding of aligned windows included (engines that report it)
+        "read_mib_per_token": (round(_agg(first, "io_bytes") / tokens / MiB, 4)
+                               if tokens and all("io_bytes" in m.stats.get("decode", {}) for m in first) else None),
         "peak_rss_mb": max(m.peak_rss_mb for rep in runs for m in rep),
         "vm_swap_mb": max(m.vm_swap_mb for rep in runs for m in rep),
         "n_slots": first[0].decode("n_slots", 0),
@@ -174,6 +177,9 @@ def summarize(exp: Experiment, runs: list[list[Measurement]], prompts: list[str]
         "stable": not unstable,
         "unstable_prompts": unstable,
         "repeats": len(runs),
+        # CPU other processes took during each run (%): a high figure explains a low tok/s
+        "other_cpu_pct_max": max((m.other_cpu_pct for rep in runs for m in rep if m.other_cpu_pct is not None),
+                                 default=None),
     }
 
 
@@ -256,12 +262,12 @@ def _delta(v, b, pct: bool = True) -> str:
 def to_markdown(bench: dict) -> str:
     rows = bench["results"]
     base = next((r for r in rows if r["name"] == bench["baseline"] and "error" not in r), None)
-    head = ("| experiment | decode tok/s | hit rate | SSD MiB/token | peak RSS MiB | VmSwap MiB | slots (small/large) "
-            "| evictions | prefetch used | outputs |")
-    lines = [head, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | :---: |"]
+    head = ("| experiment | decode tok/s | hit rate | SSD MiB/token (read) | peak RSS MiB | VmSwap MiB "
+            "| slots (small/large) | evictions | prefetch used | CPU taken by others | outputs |")
+    lines = [head, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | :---: |"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['name']} | ❌ {r['error'].replace('|', '/')} | | | | | | | | |")
+            lines.append(f"| {r['name']} | ❌ {r['error'].replace('|', '/')} | | | | | | | | | |")
             continue
         b = base if base is not None and r is not base else None
         g = (lambda k: b[k]) if b else (lambda k: None)
@@ -273,13 +279,16 @@ def to_markdown(bench: dict) -> str:
             out = "✅ = baseline"
         else:
             out = "✅ (baseline)"
+        read = "" if r.get("read_mib_per_token") is None else f" ({r['read_mib_per_token']:.3f})"
+        busy = "" if r.get("other_cpu_pct_max") is None else f"up to {r['other_cpu_pct_max']:.0f}%"
         lines.append(
             f"| {r['name']} | {r['tok_s']:.2f}{_delta(r['tok_s'], g('tok_s'))} "
             f"| {r['hit_rate']:.1f}%{_delta(r['hit_rate'], g('hit_rate'), pct=False)} "
-            f"| {r['ssd_mib_per_token']:.3f}{_delta(r['ssd_mib_per_token'], g('ssd_mib_per_token'))} "
+            f"| {r['ssd_mib_per_token']:.3f}{_delta(r['ssd_mib_per_token'], g('ssd_mib_per_token'))}{read} "
             f"| {r['peak_rss_mb']:.0f} | {r['vm_swap_mb']:.0f} | {r['n_slots']} ({r['slots_small_large']}) "
             f"| {r['evictions']}{_delta(r['evictions'], g('evictions'))} "
-            f"| {r['prefetch_used_rate']:.1f}% | {out} |")
+            f"| {r['prefetch_used_rate']:.1f}% "
+            f"| {busy} | {out} |")
     f = bench["fixed"]
     notes = [f"Fixed: {f['n_predict']} tokens, -b {f['batch']}, -c {f['ctx']}, -t {f['threads']}, arena "
              f"{f['arena_fraction'] * 100:.0f}% of the expert bytes, --ram-budget-mb {f['ram_budget_mb']:g}; "

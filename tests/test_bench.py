@@ -141,7 +141,8 @@ def test_markdown_deltas_and_flags():
     base = {"name": "baseline", "tok_s": 10.0, "hit_rate": 60.0, "ssd_mib_per_token": 7.0, "peak_rss_mb": 200,
             "vm_swap_mb": 0, "n_slots": 127, "slots_small_large": "95/32", "evictions": 400,
             "prefetch_used_rate": 70.0, "stable": True, "outputs_match_baseline": None}
-    other = dict(base, name="prefetch=off", tok_s=12.0, hit_rate=25.0, evictions=300, outputs_match_baseline=False)
+    other = dict(base, name="prefetch=off", tok_s=12.0, hit_rate=25.0, evictions=300, outputs_match_baseline=False,
+                 read_mib_per_token=7.35, other_cpu_pct_max=48.0)
     broken = {"name": "admit=2", "error": "engine crashed (exit 1): boom"}
     md = B.to_markdown({"results": [base, other, broken], "baseline": "baseline", "fixed": B.FIXED,
                         "prompts": ["a", "b"], "repeat": 3})
@@ -149,8 +150,11 @@ def test_markdown_deltas_and_flags():
     row = next(l for l in lines if l.startswith("| prefetch=off"))
     assert "12.00 (+20.0%)" in row and "25.0% (-35)" in row and "300 (-25.0%)" in row
     assert "differ from baseline" in row
+    # what the reads moved beside the experts' bytes, and a busy machine named
+    assert "7.000 (7.350)" in row and "up to 48%" in row
     assert any(l.startswith("| admit=2 | ❌ engine crashed") for l in lines)
-    assert lines[0].startswith("| experiment | decode tok/s | hit rate | SSD MiB/token | peak RSS")
+    assert lines[0].startswith("| experiment | decode tok/s | hit rate | SSD MiB/token (read) | peak RSS")
+    assert all(l.count("|") == lines[0].count("|") for l in lines if l.startswith("| "))
 
 
 def test_bench_cli_on_the_tiny_model_flags_changed_outputs(tmp_path, tiny_model, capsys):
