@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Paging bench on the ci model: decode tok/s, hit rate and MiB/token per setting.
+"""Paging bench on the ci model (or --preset ci-skew): decode tok/s, hit rate and MiB/token per setting.
 
-    python bench/paging.py [--repeat 5] [--n-predict 32] [--threads 1] [--json OUT]
+    python bench/paging.py [--preset ci] [--repeat 5] [--n-predict 32] [--threads 1] [--json OUT]
 
 Settings: 2-3 arena sizes x {baseline (prefetch on, parallel I/O, aligned O_DIRECT
 windows), prefetch off, parallel I/O off}, plus uniform slots, same-layer prefetch and
@@ -85,6 +85,7 @@ def belady_decode_hit_rate(run: dict) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--preset", default="ci", help="ci, or ci-skew (skewed expert popularity)")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--n-predict", type=int, default=32)
     ap.add_argument("--threads", type=int, default=1)
@@ -92,7 +93,7 @@ def main() -> int:
     ap.add_argument("--json", help="also write the results as JSON")
     a = ap.parse_args()
 
-    model = str(make_model("ci"))
+    model = str(make_model(a.preset))
     probe = Engine(model, Options(n_ctx=256, batch=BATCH, pager_config=PagerConfig.from_env(env={})))
     expert_mib = probe.experts.expert_bytes_total / MiB
     min_mib = probe.experts.plan.min_bytes / MiB
@@ -147,7 +148,7 @@ def main() -> int:
               f"(MIN {row['belady_hit_rate']:.1f}%), {row['mib_per_token']:.2f} MiB/token", file=sys.stderr)
 
     lines = [
-        f"ci model, -b {BATCH}, -t {a.threads}, {a.n_predict} generated tokens, SDQ_FADV_DONTNEED=1, "
+        f"{a.preset} model, -b {BATCH}, -t {a.threads}, {a.n_predict} generated tokens, SDQ_FADV_DONTNEED=1, "
         f"median of {a.repeat}; resident (--no-pager) decode: {ref['decode']['tok_s']:.2f} tok/s",
         "",
         "| setting | arena MiB (% of experts) | slots small/large | decode tok/s | hit rate LRU | "

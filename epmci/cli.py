@@ -7,6 +7,7 @@ import json
 import sys
 
 from .errors import InputError
+from .models.presets import PRESETS
 
 
 def _cmd_model_make(a: argparse.Namespace) -> int:
@@ -111,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     model = sub.add_parser("model", help="make or inspect synthetic qwen3moe GGUF models")
     msub = model.add_subparsers(dest="model_command", required=True)
     mk = msub.add_parser("make", help="write a preset model (cached unless --out)")
-    mk.add_argument("--preset", required=True, help="tiny | ci | bench")
+    mk.add_argument("--preset", required=True, help=" | ".join(PRESETS))
     mk.add_argument("--seed", type=int, default=0)
     mk.add_argument("--out", default=None, help="write here instead of the cache")
     mk.set_defaults(func=_cmd_model_make)

@@ -103,6 +103,38 @@ def test_calibration_prompt_routes_every_expert_and_logits_are_finite(preset):
         assert len(used) == mf.hp.n_expert, f"layer {layer}: experts never routed"
 
 
+def _top8_share(path, tokens) -> float:
+    """Mean over layers of the share of routed slots taken by a layer's 8 busiest experts."""
+    from collections import Counter
+
+    from engine.runtime import Engine, Options
+    eng = Engine(str(path), Options(n_ctx=256, batch=32, pager=False))
+    cnt: Counter = Counter()
+    eng.on_moe(lambda t: cnt.update((t.layer, int(e)) for e in t.selected.ravel()))
+    try:
+        eng.eval(tokens)
+    finally:
+        eng.close()
+    hp = eng.gm.hp
+    return float(np.mean([sum(sorted((cnt[(l, e)] for e in range(hp.n_expert)), reverse=True)[:8])
+                          / (len(tokens) * hp.n_expert_used) for l in range(hp.n_layer)]))
+
+
+def test_ci_skew_differs_from_ci_only_in_routers_and_routes_to_few_experts(ci_model):
+    skew, ci = ModelFile(make_model("ci-skew")), ModelFile(ci_model)
+    def data(mf, name):
+        t = mf.tensor(name)
+        with open(mf.path, "rb") as f:
+            f.seek(t.offset)
+            return f.read(t.n_bytes)
+    for name in ci.tensors:
+        assert (data(skew, name) == data(ci, name)) != name.endswith("ffn_gate_inp.weight"), name
+    tokens = np.random.default_rng(1).integers(0, 1000, 128).tolist()
+    # uniform popularity would give 8/64 = 12.5 %; ci's hidden states already favour some
+    # experts, ci-skew's router makes about half of all lookups go to 8 of 64
+    assert _top8_share(ci.path, tokens) < 0.3 < 0.45 < _top8_share(skew.path, tokens)
+
+
 def _info(path):
     return subprocess.run([sys.executable, "-m", "epmci", "model", "info", str(path)],
                           capture_output=True, text=True)

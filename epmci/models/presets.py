@@ -24,6 +24,10 @@ class Preset:
     n_vocab: int
     n_ctx: int
     calibrate: bool = True  # make the router use every expert on the calibration prompt
+    # Expert popularity: router row e of a layer is scaled by (1 + rank(e))^-routing_skew
+    # (ranks a seeded permutation per layer, RMS kept), so a few experts win most lookups,
+    # as in trained MoEs. 0 = uniform random routing, the worst case for a cache.
+    routing_skew: float = 0.0
 
     def down_type(self, layer: int) -> Q:
         """Q5_K down on most layers, Q6_K on a lone middle-late layer and the last one,
@@ -52,6 +56,10 @@ PRESETS = {
                n_head=4, n_head_kv=2, head_dim=64, n_vocab=384, n_ctx=256),
         Preset("ci", n_layer=8, n_embd=512, n_ff_exp=256, n_expert=64, n_expert_used=4,
                n_head=8, n_head_kv=4, head_dim=64, n_vocab=1024, n_ctx=1024),
+        # ci with skewed routing (the 8 hottest of 64 experts take about half the lookups):
+        # for cache-policy experiments (hot pins, admission, LRU vs MIN), not for the gate.
+        Preset("ci-skew", n_layer=8, n_embd=512, n_ff_exp=256, n_expert=64, n_expert_used=4,
+               n_head=8, n_head_kv=4, head_dim=64, n_vocab=1024, n_ctx=1024, routing_skew=0.5),
         # Qwen3-30B-A3B's layer shape, 8 layers: ~2.9 GB of experts.
         Preset("bench", n_layer=8, n_embd=2048, n_ff_exp=768, n_expert=128, n_expert_used=8,
                n_head=32, n_head_kv=4, head_dim=128, n_vocab=4096, n_ctx=2048),

@@ -68,7 +68,7 @@ class _TensorPlan:
             self._norm(b + "attn_q_norm.weight", D)
             self._norm(b + "attn_k_norm.weight", D)
             self._norm(b + "ffn_norm.weight", E)
-            self._f32(b + "ffn_gate_inp.weight", (X, E), ROUTER_GAIN * E**-0.5)
+            self._router(b + "ffn_gate_inp.weight", X, E)
             self._quant(b + "ffn_gate_exps.weight", TENSOR_TYPES["ffn_gate_exps"], (X, F), E, E**-0.5)
             self._quant(b + "ffn_up_exps.weight", TENSOR_TYPES["ffn_up_exps"], (X, F), E, E**-0.5)
             self._quant(b + "ffn_down_exps.weight", p.down_type(i), (X, E), F, DOWN_GAIN * F**-0.5)
@@ -116,6 +116,18 @@ class _TensorPlan:
         def make():
             return (_rng(self.seed, name).standard_normal(shape) * std).astype(np.float32)
         self.items.append((name, shape, Q.F32, make))
+
+    def _router(self, name, n_expert, n_embd):
+        p = self.p
+
+        def make():
+            w = _rng(self.seed, name).standard_normal((n_expert, n_embd)) * (ROUTER_GAIN * n_embd**-0.5)
+            if p.routing_skew:
+                rank = _rng(self.seed, name + ".popularity").permutation(n_expert)
+                s = (rank + 1.0) ** -p.routing_skew
+                w = w * (s / np.sqrt(np.mean(s * s)))[:, None]
+            return w.astype(np.float32)
+        self.items.append((name, (n_expert, n_embd), Q.F32, make))
 
     def _norm(self, name, n):
         def make():
