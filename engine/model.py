@@ -82,9 +82,15 @@ def expert_ffn(gate_w: np.ndarray, up_w: np.ndarray, down_w: np.ndarray,
     return matmul(down_w, t_down, Activation(act))
 
 
+def kv_cache_shape(hp, n_ctx: int) -> tuple[int, int, int, int]:
+    """Shape of the K cache and of the V cache: F16 bit patterns (uint16), as llama.cpp's
+    default cache type."""
+    return (hp.n_layer, n_ctx, hp.n_head_kv, hp.head_dim)
+
+
 def kv_cache_bytes(hp, n_ctx: int) -> int:
-    """K and V caches of every layer, F16."""
-    return 2 * hp.n_layer * n_ctx * hp.n_head_kv * hp.head_dim * 2
+    """Bytes of the K and V caches, for the budget check before they exist."""
+    return 2 * 2 * int(np.prod(kv_cache_shape(hp, n_ctx)))
 
 
 class Model:
@@ -92,8 +98,7 @@ class Model:
         self.gm, self.hp, self.experts = gm, gm.hp, experts
         hp = self.hp
         self.n_ctx = n_ctx
-        # KV cache in F16 (bit patterns), as llama.cpp's default cache type.
-        shape = (hp.n_layer, n_ctx, hp.n_head_kv, hp.head_dim)
+        shape = kv_cache_shape(hp, n_ctx)
         self.k_cache = np.zeros(shape, dtype=np.uint16)
         self.v_cache = np.zeros(shape, dtype=np.uint16)
         self.n_past = 0
@@ -101,7 +106,6 @@ class Model:
         self._w = {name: (t.data, int(t.qtype)) for name, t in gm.tensors.items() if "_exps." not in name}
         self._exp_types = [tuple(int(gm.expert_part(il, p).qtype) for p in ("gate", "up", "down"))
                            for il in range(hp.n_layer)]
-
 
     def reset(self) -> None:
         self.n_past = 0

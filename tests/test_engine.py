@@ -12,6 +12,7 @@ import sys
 import numpy as np
 import pytest
 
+from engine.model import kv_cache_bytes
 from engine.runtime import Engine, Options
 from epmci.gguf_file import ModelFile
 from epmci.models.presets import PRESETS
@@ -120,6 +121,8 @@ def test_dense_weights_are_resident_copies_not_mapped_pages(tiny_model, pager):
             with open(tiny_model, "rb") as f:
                 f.seek(want.offset)
                 assert t.data.tobytes() == f.read(want.n_bytes), name
+        # the budget check counts the KV cache before it exists: the same bytes
+        assert kv_cache_bytes(eng.gm.hp, 64) == eng.model.k_cache.nbytes + eng.model.v_cache.nbytes
     finally:
         eng.close()
 

@@ -112,11 +112,6 @@ class _TensorPlan:
             return rows.reshape(*rows_shape, cols // block * size)
         self.items.append((name, (*rows_shape, cols // block * size), qtype, make))
 
-    def _f32(self, name, shape, std):
-        def make():
-            return (_rng(self.seed, name).standard_normal(shape) * std).astype(np.float32)
-        self.items.append((name, shape, Q.F32, make))
-
     def _router(self, name, n_expert, n_embd):
         p = self.p
 
