@@ -111,16 +111,35 @@ def engine_run(cap, model, a, arena_mb, extra: list[str], env: dict[str, str], c
                 "io_wait_s": dec["io_wait_s"], "io_direct_pct": dec.get("io_direct_pct"), **cap.stats()}
 
 
+def die(msg: str) -> None:
+    """Bad input or a setup that cannot work: one line, exit 2."""
+    print(f"headline.py: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
 def ref_worktree(ref: str) -> str:
-    """A detached worktree of `ref` whose engine has compiled its kernels (numba cache)."""
+    """A detached worktree of `ref` whose engine has compiled its kernels (numba cache).
+    A ref git does not know, or whose engine cannot run, ends the bench with one line."""
     path = tempfile.mkdtemp(prefix="epmci-headline-ref-")
-    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "--force", path, ref],
-                   check=True, capture_output=True)
+    add = subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "--force", path, ref],
+                         capture_output=True, text=True)
+    if add.returncode != 0:
+        os.rmdir(path)
+        die(f"--ref {ref}: {(add.stderr.strip().splitlines() or ['git worktree add failed'])[-1]}")
     from epmci.models.store import make_model
-    subprocess.run([sys.executable, "-m", "engine", "-m", str(make_model("ci")), "-p", PROMPT, "-n", "2",
-                    "--no-chat"], cwd=path, env={**os.environ, "PYTHONPATH": path}, check=True,
-                   capture_output=True)
+    warm = subprocess.run([sys.executable, "-m", "engine", "-m", str(make_model("ci")), "-p", PROMPT, "-n", "2",
+                           "--no-chat"], cwd=path, env={**os.environ, "PYTHONPATH": path},
+                          capture_output=True, text=True)
+    if warm.returncode != 0:
+        remove_worktree(path)
+        die(f"--ref {ref}: its engine failed (exit {warm.returncode}): "
+            f"{(warm.stderr.strip().splitlines() or [''])[-1]}")
     return path
+
+
+def remove_worktree(path: str) -> None:
+    subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", path], check=False,
+                   capture_output=True)
 
 
 def llama_run(cap, model, a) -> dict:
@@ -149,11 +168,12 @@ def main() -> int:
     ap.add_argument("--no-llama", action="store_true", help="skip llama.cpp even when it is installed")
     a = ap.parse_args()
     if not CGROUP_ROOT.is_dir() or os.geteuid() != 0:
-        sys.exit("needs root and the cgroup-v1 memory controller at /sys/fs/cgroup/memory")
+        die("needs root and the cgroup-v1 memory controller at /sys/fs/cgroup/memory")
     if a.model is None:
         from epmci.models.store import make_model
         a.model = str(make_model("bench"))
     size = os.path.getsize(a.model)
+    worktree = ref_worktree(a.ref) if a.ref else None   # before the cgroup: a bad ref leaves nothing
     cap = MemoryCap(int(size * a.cap_fraction))
     arena_mb = int(cap.limit * a.arena_fraction / 2**20)
     try:
@@ -167,7 +187,6 @@ def main() -> int:
     if a.buffered_too:
         engines.update({f"{name}, SDQ_DIRECT_IO=0": (extra, {"SDQ_DIRECT_IO": "0"}, None)
                         for name, (extra, _, _) in list(engines.items())})
-    worktree = ref_worktree(a.ref) if a.ref else None
     if worktree:
         engines.update({f"{name} @{a.ref}": (extra, {"PYTHONPATH": worktree}, worktree)
                         for name, (extra, _, _) in list(engines.items())})
@@ -185,7 +204,7 @@ def main() -> int:
     finally:
         cap.close()
         if worktree:
-            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", worktree], check=False)
+            remove_worktree(worktree)
     print(f"model {a.model}: {size / 2**30:.2f} GiB; cap {cap.limit / 2**30:.2f} GiB "
           f"({a.cap_fraction:.2f} of the file); engine arena {arena_mb} MiB; -t {a.threads}; "
           f"{a.n_predict} decoded tokens; median of {a.repeat}")
