@@ -464,6 +464,22 @@ def test_part_window_rule(offset, stride, n_expert, file_size, direct, want):
     assert slot_part_bytes(offset, stride, n_expert, file_size, 4096, direct) == -(-want[1] // 4096) * 4096
 
 
+@pytest.mark.parametrize("direct", [True, False])
+@pytest.mark.parametrize("uniform", [False, True])
+def test_epmci_minimum_arena_equals_the_engines(ci, direct, uniform):
+    """epmci computes the stress arenas from the file (run.slot_align, run.slot_windows); with
+    the engine's matching SDQ_DIRECT_IO both must give the same minimum, or the stress runs
+    are refused or stop stressing."""
+    from engine.arena import layer_layouts, plan_slots
+    from engine.gguf_model import GGUFModel
+    from epmci.check.context import ModelFacts
+    gm = GGUFModel(ci)
+    plan = plan_slots(layer_layouts(gm, direct), gm.hp.n_expert, gm.hp.n_expert_used, 2, 1 << 40, uniform)
+    facts = ModelFacts.of(ModelFile(ci), 4096, windows=direct)
+    assert facts.min_arena_bytes(2, uniform) == plan.min_bytes
+    assert sorted(set(facts.slot_bytes)) == sorted(set(l.slot_bytes for l in layer_layouts(gm, direct)))
+
+
 def test_o_direct_refused_at_read_time_falls_back_to_buffered(ci, sizes, resident, monkeypatch):
     """A file system that opens with O_DIRECT but refuses the reads (EINVAL): the same
     windows are read buffered, outputs and exact counters unchanged."""

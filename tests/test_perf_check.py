@@ -287,6 +287,37 @@ def test_missing_baseline_is_a_visible_skip(tmp_path, tiny_model, built_engine):
 
 # ------------------------------------------------------------------ golden update
 
+def test_golden_update_with_timing_on_a_busy_machine_warns_and_records_it(tmp_path, tiny_model, built_engine,
+                                                                          monkeypatch, capsys):
+    import epmci.measure as M
+    # measure() calls in order: prompt 2 (not timed), prompt 1 (the first timed sample),
+    # timed runs 2 and 3
+    shares = iter([50.0, 5.0, 35.0, 12.0])
+
+    class Busy:
+        def __enter__(self):
+            self.other_pct = next(shares, 0.0)
+            return self
+
+        def __exit__(self, *exc):
+            pass
+    monkeypatch.setattr(M, "CpuContention", Busy)
+    gdir = tmp_path / "golden"
+    rc = epmci_main(["golden", "update", "--no-build", "--model", str(tiny_model), "--profile", PROFILE,
+                     "--reason", "busy", "--repeat", "3", "--set", f"perf.golden_dir={gdir}",
+                     "--set", "suites=[determinism]", *SETTINGS])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    said = (out.out + out.err).splitlines()
+    lines = {n: next(l for l in said if f"timed run {n}/3" in l) for n in (2, 3)}
+    assert "WARNING: other processes used 35% of the CPU" in lines[2] and "WARNING" not in lines[3]
+    d = yaml.safe_load(golden_file(gdir, tiny_model).read_text())
+    assert d["recorded"]["timing"] is True
+    assert d["recorded"]["other_cpu_pct_max"] == 35.0      # the untimed prompt-2 run's 50 % is not a sample
+    assert "timed while other processes used at most 35% of the CPU" in out.out
+
+
+
 def test_golden_update_refuses_when_a_correctness_check_fails(tmp_path, tiny_model, built_engine, capsys):
     cmd = wrapper(tmp_path, """
         import engine.kernels as K, engine.model as M
