@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from epmci.models.store import make_model
+from epmci.synth.store import make_model
 
 PROMPT = "Write a short paragraph about how mixture-of-experts models route tokens."
 

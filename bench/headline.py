@@ -126,7 +126,7 @@ def ref_worktree(ref: str) -> str:
     if add.returncode != 0:
         os.rmdir(path)
         die(f"--ref {ref}: {(add.stderr.strip().splitlines() or ['git worktree add failed'])[-1]}")
-    from epmci.models.store import make_model
+    from epmci.synth.store import make_model
     warm = subprocess.run([sys.executable, "-m", "engine", "-m", str(make_model("ci")), "-p", PROMPT, "-n", "2",
                            "--no-chat"], cwd=path, env={**os.environ, "PYTHONPATH": path},
                           capture_output=True, text=True)
@@ -170,7 +170,7 @@ def main() -> int:
     if not CGROUP_ROOT.is_dir() or os.geteuid() != 0:
         die("needs root and the cgroup-v1 memory controller at /sys/fs/cgroup/memory")
     if a.model is None:
-        from epmci.models.store import make_model
+        from epmci.synth.store import make_model
         a.model = str(make_model("bench"))
     size = os.path.getsize(a.model)
     worktree = ref_worktree(a.ref) if a.ref else None   # before the cgroup: a bad ref leaves nothing

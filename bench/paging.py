@@ -40,7 +40,7 @@ from engine.cache_policy import simulate_belady  # noqa: E402
 from engine.pager import PagerConfig  # noqa: E402
 from engine.runtime import Engine, Options  # noqa: E402
 from epmci.contract_io import STATS_TIMING_FIELDS  # noqa: E402
-from epmci.models.store import make_model  # noqa: E402
+from epmci.synth.store import make_model  # noqa: E402
 
 PROMPT = "Write a short paragraph about how mixture-of-experts models route tokens."
 BATCH = 8

@@ -42,7 +42,7 @@ from epmci.check.context import ModelFacts, mib  # noqa: E402
 from epmci.check.runner import resolve_model  # noqa: E402
 from epmci.config import load_config, parse_set  # noqa: E402
 from epmci.engine_runner import EngineCommand  # noqa: E402
-from epmci.gguf_file import ModelFile  # noqa: E402
+from epmci.gguf.file import ModelFile  # noqa: E402
 from epmci.bench import EXPERIMENTS  # noqa: E402
 from epmci.perf_base import Side, run_abab  # noqa: E402
 from epmci.stats import DIFFERENT, SAME, UNKNOWN, per_look_alpha  # noqa: E402

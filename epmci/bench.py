@@ -313,7 +313,7 @@ def main_bench(cfg, suite: str, only: str | None, repeat: int, out: str, label: 
     from .check.context import ModelFacts, mib
     from .check.runner import resolve_model
     from .errors import InputError
-    from .gguf_file import ModelFile
+    from .gguf.file import ModelFile
     from .machine import fingerprint
     stream = stream or sys.stdout
     if repeat < 1:

@@ -70,7 +70,7 @@ def build_engine(cfg: CheckConfig, model_path: str | Path, arena_mb: float,
 def selftest_pairs(model_path: str) -> list[str]:
     """One `L:0` selftest per distinct expert quant-type mix: compiles the kernels on arena
     slots (writable arrays, a numba specialization of their own) without a forward pass."""
-    from .gguf_file import EXPERT_PARTS, ModelFile
+    from .gguf.file import EXPERT_PARTS, ModelFile
     mf = ModelFile(model_path)
     seen, out = set(), []
     for il in range(mf.hp.n_layer):

@@ -7,19 +7,19 @@ import json
 import sys
 
 from .errors import InputError
-from .models.presets import PRESETS
+from .synth.presets import PRESETS
 
 
 def _cmd_model_make(a: argparse.Namespace) -> int:
-    from .models.store import make_model
+    from .synth.store import make_model
     path = make_model(a.preset, a.seed, a.out)
     print(path)
     return 0
 
 
 def _cmd_model_info(a: argparse.Namespace) -> int:
-    from .gguf_file import ModelFile
-    from .models.info import model_summary, render_summary
+    from .gguf.file import ModelFile
+    from .gguf.info import model_summary, render_summary
     s = model_summary(ModelFile(a.path))
     print(json.dumps(s, indent=1) if a.json else render_summary(s))
     return 0
@@ -56,7 +56,7 @@ def _cmd_build(a: argparse.Namespace) -> int:
     from .check.context import CheckContext
     from .check.runner import resolve_model
     from .engine_runner import EngineCommand
-    from .gguf_file import ModelFile
+    from .gguf.file import ModelFile
     cfg = _config_from_args(a)
     model = resolve_model(cfg.model)
     ctx = CheckContext(cfg, model, ModelFile(model), EngineCommand.from_setting(cfg.engine.cmd), model.parent)

@@ -64,7 +64,7 @@ def file_sha256(path: str | os.PathLike) -> str:
 
 def model_identity(path: str | os.PathLike) -> dict:
     """{id, preset, seed, generator_version, sha256, bytes} of a model file."""
-    from .gguf_file import ModelFile
+    from .gguf.file import ModelFile
     p = Path(path)
     mf = ModelFile(p)
     preset = mf.meta("epmci.preset", None)

@@ -105,7 +105,7 @@ def cmd_update(a: argparse.Namespace, cfg) -> int:
     from .check.context import CheckContext
     from .check.suites.perf import prepare, record_golden
     from .engine_runner import EngineCommand
-    from .gguf_file import ModelFile
+    from .gguf.file import ModelFile
     from .golden import load, render, write
     if a.profile:
         cfg.perf.profile = a.profile

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from epmci.models.store import make_model
+from epmci.synth.store import make_model
 
 
 @pytest.fixture(scope="session")

@@ -14,9 +14,9 @@ import pytest
 
 from engine.model import kv_cache_bytes
 from engine.runtime import Engine, Options
-from epmci.gguf_file import ModelFile
-from epmci.models.presets import PRESETS
-from epmci.models.synth import calibration_tokens
+from epmci.gguf.file import ModelFile
+from epmci.synth.presets import PRESETS
+from epmci.synth.writer import calibration_tokens
 from epmci.reference.model import ReferenceModel
 
 

@@ -179,7 +179,7 @@ def test_shipped_baselines_load_and_match_the_ci_model():
     """golden/ ships the ci model's baselines for the default profile, so a fresh clone's
     `epmci check --fast` compares against something real."""
     from epmci.config import load_config
-    from epmci.models.presets import GENERATOR_VERSION
+    from epmci.synth.presets import GENERATOR_VERSION
     cfg = load_config(REPO / "epmci.yaml")
     files = sorted((REPO / "golden").glob("*/*.yaml"))
     assert files, "no golden baselines shipped"

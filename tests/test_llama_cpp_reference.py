@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from engine.runtime import Engine, Options
-from epmci.models.presets import PRESETS
-from epmci.models.synth import calibration_tokens
+from epmci.synth.presets import PRESETS
+from epmci.synth.writer import calibration_tokens
 
 llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python not installed (see docs/CORRECTNESS.md)")
 

@@ -13,10 +13,10 @@ from gguf import GGMLQuantizationType as Q
 from gguf import GGUFReader
 from gguf.quants import dequantize as gguf_dequantize
 
-from epmci.gguf_file import ModelFile
-from epmci.models.presets import PRESETS, TENSOR_TYPES
-from epmci.models.store import make_model
-from epmci.models.synth import calibration_tokens
+from epmci.gguf.file import ModelFile
+from epmci.synth.presets import PRESETS, TENSOR_TYPES
+from epmci.synth.store import make_model
+from epmci.synth.writer import calibration_tokens
 from epmci.reference.model import ReferenceModel
 from epmci.reference.quants import dequantize
 

@@ -27,8 +27,8 @@ from engine.arena import MiB
 from engine.pager import Pager, PagerConfig
 from engine.runtime import Engine, Options
 from engine.selftest import read_selftest, run_selftest
-from epmci.gguf_file import ModelFile
-from epmci.models.store import make_model
+from epmci.gguf.file import ModelFile
+from epmci.synth.store import make_model
 from epmci.reference.moe import expert_forward
 
 PROMPT = "Experts are paged from disk into a small arena."

@@ -1,4 +1,4 @@
-"""Tokenizer tests: synthetic vocab (epmci.models.vocab) -> GGUF -> engine.tokenizer."""
+"""Tokenizer tests: synthetic vocab (epmci.synth.vocab) -> GGUF -> engine.tokenizer."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import gguf
 import pytest
 
 from engine.tokenizer import Tokenizer, bytes_to_unicode as engine_b2u
-from epmci.models.vocab import (
+from epmci.synth.vocab import (
     CORPUS,
     SPECIAL_TOKENS,
     build_vocab,

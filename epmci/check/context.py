@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..config import CheckConfig
 from ..engine_runner import EngineCommand, EngineRun, run_engine
-from ..gguf_file import EXPERT_PARTS, ModelFile
+from ..gguf.file import EXPERT_PARTS, ModelFile
 
 MiB = 1 << 20
 

@@ -21,8 +21,8 @@ from typing import Callable
 from ..config import CheckConfig
 from ..engine_runner import EngineCommand
 from ..errors import InputError
-from ..gguf_file import ModelFile
-from ..models.presets import PRESETS
+from ..gguf.file import ModelFile
+from ..synth.presets import PRESETS
 from .context import CheckContext
 from .result import ERROR, CheckReport, CheckResult, SuiteInfo
 from .suites import SUITES
@@ -35,7 +35,7 @@ def resolve_model(model: str) -> Path:
     """A preset name (made on first use into the model cache) or a path to a GGUF."""
     p = Path(model).expanduser()
     if model in PRESETS and not p.exists():
-        from ..models.store import make_model
+        from ..synth.store import make_model
         return make_model(model)
     if not p.exists():
         raise InputError(model, "no such model file (and not a preset: "
@@ -69,7 +69,7 @@ def run_check(cfg: CheckConfig, progress: Progress | None = None, *, build: bool
 
     try:
         if cfg.model in PRESETS and not Path(cfg.model).exists():
-            from ..models.store import cached_model_path
+            from ..synth.store import cached_model_path
             if not cached_model_path(cfg.model).exists():
                 say(f"making the {cfg.model!r} preset model (first use) ...")
         model_path = resolve_model(cfg.model)

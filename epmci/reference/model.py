@@ -13,7 +13,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..gguf_file import ModelFile
+from ..gguf.file import ModelFile
 from .moe import MoEResult, moe_layer, softmax
 from .quants import dequantize, matmul
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
-from ..gguf_file import ModelFile
+from ..gguf.file import ModelFile
 from .quants import matmul
 
 

@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 
-from ..gguf_file import ModelFile
+from ..gguf.file import ModelFile
 from ..reference.model import ReferenceModel
 from ..reference.moe import route, router_logits, softmax
 

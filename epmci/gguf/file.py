@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
 
-from .errors import InputError
+from ..errors import InputError
 
 ARCH = "qwen3moe"
 GGUF_MAGIC = b"GGUF"

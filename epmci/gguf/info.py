@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..gguf_file import ModelFile
+from .file import ModelFile
 
 
 def model_summary(mf: ModelFile) -> dict:

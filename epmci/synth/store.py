@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..errors import InputError
 from .presets import GENERATOR_VERSION, PRESETS
-from .synth import write_model
+from .writer import write_model
 
 DEFAULT_SEED = 0
 
