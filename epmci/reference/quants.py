@@ -1,6 +1,13 @@
-"""Quantization math of the reference, written from ggml's C sources.
+"""Quantization math of the reference, written from ggml's C sources: one class per type.
 
-Independent of gguf.quants (the tests use that only as a cross-check).  Sources:
+As gguf-py's quants.py, each weight type is one small class registered in a table by its
+GGMLQuantizationType (`_TYPES`); `dequantize`, `quantize_activation` and `matmul` are
+lookups in that table with no per-type branching. A class holds everything about its
+type, in the order of the C block layout: `unpack` (the block's integer fields),
+`dequantize_blocks`, its `activation` (the vec_dot_type: Q8_K, Q8_0, F32 or F16) and
+`dot` (ggml_vec_dot_<type>_<vec_dot_type>_generic).
+
+Independent of gguf.quants (the tests use that only as a cross-check). Sources:
 ggml/src/ggml-common.h (block layouts), ggml/src/ggml-quants.c (dequantize_row_*,
 quantize_row_q8_0_ref, quantize_row_q8_K_ref) and ggml/src/ggml-cpu/quants.c
 (ggml_vec_dot_*_generic) of llama.cpp.
@@ -14,15 +21,13 @@ Layout convention: a quantized row is a uint8 array of bytes, last axis = bytes 
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as QT
 
 QK_K = 256
 QK8_0 = 32
-
-_SUPPORTED = (QT.F32, QT.F16, QT.Q8_0, QT.Q4_K, QT.Q5_K, QT.Q6_K)
 
 
 def _qtype(qtype) -> QT:
@@ -39,148 +44,14 @@ def row_bytes(qtype, n_values: int) -> int:
     return n_values // block_size * type_size
 
 
-def _blocks(data: np.ndarray, qtype: QT) -> tuple[np.ndarray, tuple[int, ...]]:
-    """(..., row_bytes) uint8 -> ((n_blocks, type_size) uint8, output shape in values)."""
-    block_size, type_size = GGML_QUANT_SIZES[qtype]
-    data = np.ascontiguousarray(data, dtype=np.uint8)
-    if data.ndim == 0 or data.shape[-1] % type_size:
-        raise ValueError(f"row of {data.shape[-1:]} bytes is not a whole number of {qtype.name} blocks")
-    oshape = (*data.shape[:-1], data.shape[-1] // type_size * block_size)
-    return data.reshape(-1, type_size), oshape
-
-
 def _f16(b: np.ndarray) -> np.ndarray:
     """(n, 2) uint8 little-endian IEEE half -> (n,) float32 (exact, as GGML_FP16_TO_FP32)."""
     return np.ascontiguousarray(b).view("<f2").reshape(-1).astype(np.float32)
 
 
 # ---------------------------------------------------------------------------------------
-# Block unpacking: integer fields of each block, exactly as the C reads them.
+# Activation types (the vec_dot_type a weight type multiplies with)
 # ---------------------------------------------------------------------------------------
-
-def _scale_min_k4(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """get_scale_min_k4 for j = 0..7: (n, 12) uint8 -> sc, m each (n, 8) int64 in 0..63."""
-    q = scales.astype(np.int64)
-    sc = np.empty((q.shape[0], 8), np.int64)
-    m = np.empty((q.shape[0], 8), np.int64)
-    sc[:, :4] = q[:, 0:4] & 63
-    m[:, :4] = q[:, 4:8] & 63
-    # j >= 4: low 4 bits from q[j+4], high 2 bits from the top of q[j-4] (sc) / q[j] (m)
-    sc[:, 4:] = (q[:, 8:12] & 0xF) | ((q[:, 0:4] >> 6) << 4)
-    m[:, 4:] = (q[:, 8:12] >> 4) | ((q[:, 4:8] >> 6) << 4)
-    return sc, m
-
-
-def _nibbles_q4(qs: np.ndarray) -> np.ndarray:
-    """(n, 128) packed nibbles -> (n, 256): chunk c of 64 values = 32 low nibbles, then 32 high."""
-    qs = qs.reshape(-1, 4, 32).astype(np.int64)
-    return np.concatenate([qs & 0xF, qs >> 4], axis=-1).reshape(-1, QK_K)
-
-
-def _unpack_q4_K(b: np.ndarray):
-    # block_q4_K: d f16 @0, dmin f16 @2, scales[12] @4, qs[128] @16
-    d, dmin = _f16(b[:, 0:2]), _f16(b[:, 2:4])
-    sc, m = _scale_min_k4(b[:, 4:16])
-    q = _nibbles_q4(b[:, 16:144])                       # 0..15
-    return d, dmin, sc, m, q
-
-
-def _unpack_q5_K(b: np.ndarray):
-    # block_q5_K: d @0, dmin @2, scales[12] @4, qh[32] @16, qs[128] @48
-    d, dmin = _f16(b[:, 0:2]), _f16(b[:, 2:4])
-    sc, m = _scale_min_k4(b[:, 4:16])
-    q = _nibbles_q4(b[:, 48:176])
-    # sub-block s (32 values) takes its 5th bit from bit s of qh[l] (u1 = 1<<2c, u2 = 2<<2c)
-    qh = b[:, 16:48].astype(np.int64)
-    hbit = (qh[:, None, :] >> np.arange(8)[None, :, None]) & 1          # (n, 8, 32)
-    q = q + 16 * hbit.reshape(-1, QK_K)                 # 0..31
-    return d, dmin, sc, m, q
-
-
-def _unpack_q6_K(b: np.ndarray):
-    # block_q6_K: ql[128] @0, qh[64] @128, scales[16] int8 @192, d f16 @208
-    ql = b[:, 0:128].reshape(-1, 2, 64).astype(np.int64)       # two halves of 128 values
-    qh = b[:, 128:192].reshape(-1, 2, 32).astype(np.int64)
-    # half h, l < 32: value 32*g + l takes 4 bits from ql (g=0: ql[l]&F, 1: ql[l+32]&F,
-    # 2: ql[l]>>4, 3: ql[l+32]>>4) and 2 bits from (qh[l] >> 2g) & 3
-    low = np.concatenate([ql & 0xF, ql >> 4], axis=-1)          # (n, 2, 128)
-    high = (qh[:, :, None, :] >> (2 * np.arange(4))[None, None, :, None]) & 3   # (n, 2, 4, 32)
-    q = (low | (high.reshape(-1, 2, 128) << 4)).reshape(-1, QK_K) - 32          # -32..31
-    sc = b[:, 192:208].view(np.int8).astype(np.int64)           # scale of value e: sc[e // 16]
-    d = _f16(b[:, 208:210])
-    return d, sc, q
-
-
-def _unpack_q8_0(b: np.ndarray):
-    # block_q8_0: d f16 @0, qs[32] int8 @2
-    return _f16(b[:, 0:2]), b[:, 2:34].view(np.int8).astype(np.int64)
-
-
-# ---------------------------------------------------------------------------------------
-# Dequantization (dequantize_row_* in ggml-quants.c)
-# ---------------------------------------------------------------------------------------
-
-def _dequant_q4_K_like(d, dmin, sc, m, q):
-    # d1 = d * sc; m1 = min * m; y = d1 * q - m1   (three float32 roundings, in this order)
-    d1 = d[:, None] * sc.astype(np.float32)             # (n, 8)
-    m1 = dmin[:, None] * m.astype(np.float32)
-    y = np.repeat(d1, 32, axis=1) * q.astype(np.float32) - np.repeat(m1, 32, axis=1)
-    return y
-
-
-def _dequant_blocks(b: np.ndarray, qtype: QT) -> np.ndarray:
-    if qtype == QT.Q4_K:
-        return _dequant_q4_K_like(*_unpack_q4_K(b))
-    if qtype == QT.Q5_K:
-        return _dequant_q4_K_like(*_unpack_q5_K(b))
-    if qtype == QT.Q6_K:
-        d, sc, q = _unpack_q6_K(b)
-        # y = d * sc[is] * q  parses as (d * sc) * q
-        dsc = d[:, None] * sc.astype(np.float32)        # (n, 16)
-        return np.repeat(dsc, 16, axis=1) * q.astype(np.float32)
-    if qtype == QT.Q8_0:
-        d, qs = _unpack_q8_0(b)
-        return qs.astype(np.float32) * d[:, None]
-    if qtype == QT.F16:
-        return np.ascontiguousarray(b).view("<f2").astype(np.float32)
-    if qtype == QT.F32:
-        return np.ascontiguousarray(b).view("<f4").astype(np.float32)
-    raise ValueError(f"unsupported type {qtype!r}")
-
-
-def dequantize(data: np.ndarray, qtype) -> np.ndarray:
-    """uint8 (..., row_bytes) -> float32 (..., values_per_row).  Any leading shape."""
-    qtype = _qtype(qtype)
-    if qtype not in _SUPPORTED:
-        raise ValueError(f"dequantize: unsupported type {qtype.name}")
-    b, oshape = _blocks(data, qtype)
-    return _dequant_blocks(b, qtype).reshape(oshape)
-
-
-# ---------------------------------------------------------------------------------------
-# Activation quantization
-# ---------------------------------------------------------------------------------------
-
-class Q8K(NamedTuple):
-    """block_q8_K fields for rows of k values: d (..., k/256) f32, qs (..., k) i8, bsums (..., k/16) i16."""
-    d: np.ndarray
-    qs: np.ndarray
-    bsums: np.ndarray
-
-    def dequantize(self) -> np.ndarray:
-        # dequantize_row_q8_K: y = d * qs
-        d = np.repeat(self.d, QK_K, axis=-1)
-        return d * self.qs.astype(np.float32)
-
-
-class Q80(NamedTuple):
-    """block_q8_0 fields: d (..., k/32) f32 holding the f16-rounded scale, qs (..., k) i8."""
-    d: np.ndarray
-    qs: np.ndarray
-
-    def dequantize(self) -> np.ndarray:
-        return self.qs.astype(np.float32) * np.repeat(self.d, QK8_0, axis=-1)
-
 
 def _nearest_int(fval: np.ndarray) -> np.ndarray:
     """ggml's nearest_int: add 1.5*2^23 in float32 and read the low mantissa bits.
@@ -197,123 +68,124 @@ def _roundf(v: np.ndarray) -> np.ndarray:
     return np.copysign(r, v)
 
 
-def quantize_q8_K(x: np.ndarray) -> Q8K:
-    """quantize_row_q8_K_ref on float32 (..., k), k % 256 == 0."""
+def _rows(x: np.ndarray, block: int) -> tuple[np.ndarray, tuple[int, ...], int]:
+    """float32 (..., k) -> ((n_blocks, block) float32, leading shape, k)."""
     x = np.asarray(x, dtype=np.float32)
     k = x.shape[-1]
-    if k % QK_K:
-        raise ValueError(f"row length {k} is not a multiple of {QK_K}")
-    lead = x.shape[:-1]
-    xb = x.reshape(-1, QK_K)
-    # max = the signed value with the largest |x|; the loop uses '>' so the first one wins
-    idx = np.argmax(np.abs(xb), axis=1)
-    vmax = xb[np.arange(xb.shape[0]), idx]
-    zero = vmax == 0                                    # 'if (!amax)': d = 0, qs = 0
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        iscale = np.float32(-127.0) / np.where(zero, np.float32(1), vmax)   # float32 division
-        v = _nearest_int(iscale[:, None] * xb)
-        d = np.float32(1.0) / iscale
-    qs = np.minimum(127, v).astype(np.int8)
-    qs[zero] = 0
-    d = np.where(zero, np.float32(0), d).astype(np.float32)
-    bsums = qs.reshape(-1, QK_K // 16, 16).astype(np.int32).sum(axis=-1).astype(np.int16)
-    return Q8K(d.reshape(*lead, k // QK_K), qs.reshape(*lead, k), bsums.reshape(*lead, k // 16))
+    if k % block:
+        raise ValueError(f"row length {k} is not a multiple of {block}")
+    return x.reshape(-1, block), x.shape[:-1], k
 
 
-def quantize_q8_0(x: np.ndarray) -> Q80:
-    """quantize_row_q8_0_ref on float32 (..., k), k % 32 == 0."""
-    x = np.asarray(x, dtype=np.float32)
-    k = x.shape[-1]
-    if k % QK8_0:
-        raise ValueError(f"row length {k} is not a multiple of {QK8_0}")
-    lead = x.shape[:-1]
-    xb = x.reshape(-1, QK8_0)
-    amax = np.max(np.abs(xb), axis=1)
-    d = amax / np.float32(127)                          # float32: amax / ((1 << 7) - 1)
-    with np.errstate(divide="ignore"):
-        # id is computed from d *before* it is rounded to f16
-        id_ = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
-    qs = _roundf(xb * id_[:, None]).astype(np.int8)
-    d16 = d.astype(np.float16).astype(np.float32)       # y[i].d = GGML_FP32_TO_FP16(d) (RNE)
-    return Q80(d16.reshape(*lead, k // QK8_0), qs.reshape(*lead, k))
+class Q8K(NamedTuple):
+    """block_q8_K fields for rows of k values: d (..., k/256) f32, qs (..., k) i8, bsums (..., k/16) i16."""
+    d: np.ndarray
+    qs: np.ndarray
+    bsums: np.ndarray
+
+    @classmethod
+    def quantize(cls, x: np.ndarray) -> "Q8K":
+        """quantize_row_q8_K_ref on float32 (..., k), k % 256 == 0."""
+        xb, lead, k = _rows(x, QK_K)
+        # max = the signed value with the largest |x|; the loop uses '>' so the first one wins
+        idx = np.argmax(np.abs(xb), axis=1)
+        vmax = xb[np.arange(xb.shape[0]), idx]
+        zero = vmax == 0                                    # 'if (!amax)': d = 0, qs = 0
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            iscale = np.float32(-127.0) / np.where(zero, np.float32(1), vmax)   # float32 division
+            v = _nearest_int(iscale[:, None] * xb)
+            d = np.float32(1.0) / iscale
+        qs = np.minimum(127, v).astype(np.int8)
+        qs[zero] = 0
+        d = np.where(zero, np.float32(0), d).astype(np.float32)
+        bsums = qs.reshape(-1, QK_K // 16, 16).astype(np.int32).sum(axis=-1).astype(np.int16)
+        return cls(d.reshape(*lead, k // QK_K), qs.reshape(*lead, k), bsums.reshape(*lead, k // 16))
+
+    def dequantize(self) -> np.ndarray:
+        # dequantize_row_q8_K: y = d * qs
+        d = np.repeat(self.d, QK_K, axis=-1)
+        return d * self.qs.astype(np.float32)
+
+
+class Q80(NamedTuple):
+    """block_q8_0 fields: d (..., k/32) f32 holding the f16-rounded scale, qs (..., k) i8."""
+    d: np.ndarray
+    qs: np.ndarray
+
+    @classmethod
+    def quantize(cls, x: np.ndarray) -> "Q80":
+        """quantize_row_q8_0_ref on float32 (..., k), k % 32 == 0."""
+        xb, lead, k = _rows(x, QK8_0)
+        amax = np.max(np.abs(xb), axis=1)
+        d = amax / np.float32(127)                          # float32: amax / ((1 << 7) - 1)
+        with np.errstate(divide="ignore"):
+            # id is computed from d *before* it is rounded to f16
+            id_ = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
+        qs = _roundf(xb * id_[:, None]).astype(np.int8)
+        d16 = d.astype(np.float16).astype(np.float32)       # y[i].d = GGML_FP32_TO_FP16(d) (RNE)
+        return cls(d16.reshape(*lead, k // QK8_0), qs.reshape(*lead, k))
+
+    def dequantize(self) -> np.ndarray:
+        return self.qs.astype(np.float32) * np.repeat(self.d, QK8_0, axis=-1)
+
+
+quantize_q8_K = Q8K.quantize
+quantize_q8_0 = Q80.quantize
 
 
 # ---------------------------------------------------------------------------------------
-# Dot products (ggml_vec_dot_*_generic), vectorized over weight rows and activation rows.
-# Integer parts are exact, the float32 part follows the C statement by statement.
+# Weight types: one class each, registered in _TYPES
 # ---------------------------------------------------------------------------------------
 
-def _lanes(wq: np.ndarray, scale: np.ndarray, per_scale: int, a_qs: np.ndarray) -> np.ndarray:
-    """aux32[l] of the C: for each super-block, lane l (0..7) sums scale * q8 * q over
-    the values 8t + l, t = 0..31.  wq (r, nb, 256), scale (r, nb, 256/per_scale),
-    a_qs (n, nb, 256) -> (nb, n, r, 8) int64."""
-    r, nb, _ = wq.shape
-    n = a_qs.shape[0]
-    per_t = per_scale // 8                              # groups of 8 sharing one scale
-    ws = wq.reshape(r, nb, 32, 8) * np.repeat(scale, per_t, axis=2)[..., None]
-    A = ws.transpose(1, 3, 0, 2)                        # (nb, 8, r, 32)
-    B = a_qs.reshape(n, nb, 32, 8).astype(np.int64).transpose(1, 3, 2, 0)   # (nb, 8, 32, n)
-    return (A @ B).transpose(0, 3, 2, 1)                # (nb, n, r, 8), exact int64
+_TYPES: dict[QT, type["_Quant"]] = {}
 
 
-def _dot_k(w: np.ndarray, qtype: QT, a: Q8K) -> np.ndarray:
-    """K-quant weights (r, row_bytes) x Q8K activations with leading (n,) -> (n, r) float32."""
-    r = w.shape[0]
-    b, _ = _blocks(w, qtype)
-    n = a.qs.shape[0]
-    nb = b.shape[0] // r
-    if a.qs.shape[1] != nb * QK_K:
-        raise ValueError("weight row and activation lengths differ")
-    yd = a.d.astype(np.float32)                         # (n, nb)
-    if qtype == QT.Q6_K:
-        d, sc, q = _unpack_q6_K(b)
-        aux = _lanes(q.reshape(r, nb, QK_K), sc.reshape(r, nb, 16), 16, a.qs)
-        d = d.reshape(r, nb)
-        sums = np.zeros((n, r, 8), np.float32)
-        for i in range(nb):
-            di = d[None, :, i] * yd[:, i, None]                         # d = fp16(x.d) * y.d
-            sums = sums + di[..., None] * aux[i].astype(np.float32)     # sums[l] += d * aux32[l]
-        sumf = np.zeros((n, r), np.float32)
-    else:
-        unpack = _unpack_q4_K if qtype == QT.Q4_K else _unpack_q5_K
-        d, dmin, sc, m, q = unpack(b)
-        aux = _lanes(q.reshape(r, nb, QK_K), sc.reshape(r, nb, 8), 32, a.qs)
-        # sumi = sum_j bsums[j] * mins[j/2]   (exact, from the activation's stored bsums)
-        mins16 = np.repeat(m.reshape(r, nb, 8), 2, axis=2).transpose(1, 0, 2)   # (nb, r, 16)
-        bs = a.bsums.astype(np.int64).reshape(n, nb, 16).transpose(1, 2, 0)     # (nb, 16, n)
-        sumi = (mins16 @ bs).transpose(0, 2, 1)                                 # (nb, n, r)
-        d, dmin = d.reshape(r, nb), dmin.reshape(r, nb)
-        sums = np.zeros((n, r, 8), np.float32)
-        sumf = np.zeros((n, r), np.float32)
-        for i in range(nb):
-            di = d[None, :, i] * yd[:, i, None]
-            sums = sums + di[..., None] * aux[i].astype(np.float32)
-            dmi = dmin[None, :, i] * yd[:, i, None]                     # dmin = fp16(x.dmin) * y.d
-            sumf = sumf - dmi * sumi[i].astype(np.float32)              # sumf -= dmin * sumi
-    for l in range(8):                                                  # sumf += sums[l], l = 0..7
-        sumf = sumf + sums[..., l]
-    return sumf
+class _Quant:
+    """A weight type. Subclasses give `qtype=` and get block_size/type_size from gguf-py's
+    GGML_QUANT_SIZES; blocks are (n_blocks, type_size) uint8."""
 
+    qtype: ClassVar[QT]
+    block_size: ClassVar[int]
+    type_size: ClassVar[int]
+    activation: ClassVar[type]           # what `dot` multiplies with
 
-def _dot_q8_0(w: np.ndarray, a: Q80) -> np.ndarray:
-    r = w.shape[0]
-    b, _ = _blocks(w, QT.Q8_0)
-    n = a.qs.shape[0]
-    nb = b.shape[0] // r
-    if a.qs.shape[1] != nb * QK8_0:
-        raise ValueError("weight row and activation lengths differ")
-    xd, xq = _unpack_q8_0(b)
-    A = xq.reshape(r, nb, QK8_0).transpose(1, 0, 2)                     # (nb, r, 32)
-    B = a.qs.astype(np.int64).reshape(n, nb, QK8_0).transpose(1, 2, 0)  # (nb, 32, n)
-    sumi = (A @ B).transpose(0, 2, 1)                                   # (nb, n, r) exact
-    xd = xd.reshape(r, nb)
-    yd = a.d.astype(np.float32)
-    sumf = np.zeros((n, r), np.float32)
-    for ib in range(nb):
-        # sumf += sumi * (fp16(x.d) * fp16(y.d))
-        dd = xd[None, :, ib] * yd[:, ib, None]
-        sumf = sumf + sumi[ib].astype(np.float32) * dd
-    return sumf
+    def __init_subclass__(cls, qtype: QT | None = None, **kw):
+        super().__init_subclass__(**kw)
+        if qtype is not None:
+            cls.qtype = qtype
+            cls.block_size, cls.type_size = GGML_QUANT_SIZES[qtype]
+            _TYPES[qtype] = cls
+
+    @classmethod
+    def blocks(cls, data: np.ndarray) -> tuple[np.ndarray, tuple[int, ...]]:
+        """(..., row_bytes) uint8 -> ((n_blocks, type_size) uint8, output shape in values)."""
+        data = np.ascontiguousarray(data, dtype=np.uint8)
+        if data.ndim == 0 or data.shape[-1] % cls.type_size:
+            raise ValueError(f"row of {data.shape[-1:]} bytes is not a whole number of {cls.qtype.name} blocks")
+        oshape = (*data.shape[:-1], data.shape[-1] // cls.type_size * cls.block_size)
+        return data.reshape(-1, cls.type_size), oshape
+
+    @classmethod
+    def dequantize_blocks(cls, b: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    @staticmethod
+    def quantize_activation(x: np.ndarray):
+        raise NotImplementedError
+
+    @classmethod
+    def dot(cls, w: np.ndarray, a) -> np.ndarray:
+        """Weights (r, row_bytes) uint8 x activation rows with leading (n,) -> (n, r) float32."""
+        raise NotImplementedError
+
+    @classmethod
+    def _weight_blocks(cls, w: np.ndarray, a_len: int) -> tuple[np.ndarray, int]:
+        """(r * nb, type_size) blocks of w and nb, checking the activation's length."""
+        b, _ = cls.blocks(w)
+        nb = b.shape[0] // w.shape[0]
+        if a_len != nb * cls.block_size:
+            raise ValueError("weight row and activation lengths differ")
+        return b, nb
 
 
 def _dot_float(w: np.ndarray, a: np.ndarray) -> np.ndarray:
@@ -325,26 +197,251 @@ def _dot_float(w: np.ndarray, a: np.ndarray) -> np.ndarray:
     return acc.astype(np.float32)
 
 
-def _matvec_batch(w: np.ndarray, qtype: QT, a) -> np.ndarray:
+class F32(_Quant, qtype=QT.F32):
+    activation = np.ndarray
+
+    @classmethod
+    def dequantize_blocks(cls, b):
+        return np.ascontiguousarray(b).view("<f4").astype(np.float32)
+
+    @staticmethod
+    def quantize_activation(x):
+        return np.asarray(x, dtype=np.float32)
+
+    @classmethod
+    def dot(cls, w, a):
+        return _dot_float(dequantize(w, cls.qtype), np.asarray(a, dtype=np.float32))
+
+
+class F16(F32, qtype=QT.F16):
+    # vec_dot_type F16: the activation is rounded to f16; f16 x f16 products are exact in
+    # float32, so the scalar ggml_vec_dot_f16 is the F32 loop on the rounded values.
+    @classmethod
+    def dequantize_blocks(cls, b):
+        return np.ascontiguousarray(b).view("<f2").astype(np.float32)
+
+    @staticmethod
+    def quantize_activation(x):
+        return np.asarray(x, dtype=np.float32).astype(np.float16).astype(np.float32)
+
+    @classmethod
+    def dot(cls, w, a):
+        return super().dot(w, F16.quantize_activation(a))
+
+
+class Q8_0(_Quant, qtype=QT.Q8_0):
+    activation = Q80
+    quantize_activation = staticmethod(Q80.quantize)
+
+    @staticmethod
+    def unpack(b):
+        # block_q8_0: d f16 @0, qs[32] int8 @2
+        return _f16(b[:, 0:2]), b[:, 2:34].view(np.int8).astype(np.int64)
+
+    @classmethod
+    def dequantize_blocks(cls, b):
+        d, qs = cls.unpack(b)
+        return qs.astype(np.float32) * d[:, None]
+
+    @classmethod
+    def dot(cls, w, a):
+        # ggml_vec_dot_q8_0_q8_0_generic
+        r, n = w.shape[0], a.qs.shape[0]
+        b, nb = cls._weight_blocks(w, a.qs.shape[1])
+        xd, xq = cls.unpack(b)
+        A = xq.reshape(r, nb, QK8_0).transpose(1, 0, 2)                     # (nb, r, 32)
+        B = a.qs.astype(np.int64).reshape(n, nb, QK8_0).transpose(1, 2, 0)  # (nb, 32, n)
+        sumi = (A @ B).transpose(0, 2, 1)                                   # (nb, n, r) exact
+        xd = xd.reshape(r, nb)
+        yd = a.d.astype(np.float32)
+        sumf = np.zeros((n, r), np.float32)
+        for ib in range(nb):
+            # sumf += sumi * (fp16(x.d) * fp16(y.d))
+            dd = xd[None, :, ib] * yd[:, ib, None]
+            sumf = sumf + sumi[ib].astype(np.float32) * dd
+        return sumf
+
+
+def _lanes(wq: np.ndarray, scale: np.ndarray, per_scale: int, a_qs: np.ndarray) -> np.ndarray:
+    """aux32[l] of the K-quant dot products: for each super-block, lane l (0..7) sums
+    scale * q8 * q over the values 8t + l, t = 0..31.  wq (r, nb, 256),
+    scale (r, nb, 256/per_scale), a_qs (n, nb, 256) -> (nb, n, r, 8) int64."""
+    r, nb, _ = wq.shape
+    n = a_qs.shape[0]
+    per_t = per_scale // 8                              # groups of 8 sharing one scale
+    ws = wq.reshape(r, nb, 32, 8) * np.repeat(scale, per_t, axis=2)[..., None]
+    A = ws.transpose(1, 3, 0, 2)                        # (nb, 8, r, 32)
+    B = a_qs.reshape(n, nb, 32, 8).astype(np.int64).transpose(1, 3, 2, 0)   # (nb, 8, 32, n)
+    return (A @ B).transpose(0, 3, 2, 1)                # (nb, n, r, 8), exact int64
+
+
+def _lane_sums(d: np.ndarray, yd: np.ndarray, aux: np.ndarray) -> np.ndarray:
+    """sums[l] += (fp16(x.d) * y.d) * aux32[l] over the super-blocks in order -> (n, r, 8)."""
+    sums = np.zeros((yd.shape[0], d.shape[0], 8), np.float32)
+    for i in range(d.shape[1]):
+        di = d[None, :, i] * yd[:, i, None]
+        sums = sums + di[..., None] * aux[i].astype(np.float32)
+    return sums
+
+
+def _add_lanes(sumf: np.ndarray, sums: np.ndarray) -> np.ndarray:
+    for l in range(8):                                  # sumf += sums[l], l = 0..7
+        sumf = sumf + sums[..., l]
+    return sumf
+
+
+class _ScaleMinK(_Quant):
+    """Q4_K and Q5_K: 8 sub-blocks of 32 with 6-bit (scale, min) pairs, y = d*sc*q - dmin*m."""
+
+    activation = Q8K
+    quantize_activation = staticmethod(Q8K.quantize)
+
+    @staticmethod
+    def _scale_min_k4(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """get_scale_min_k4 for j = 0..7: (n, 12) uint8 -> sc, m each (n, 8) int64 in 0..63."""
+        q = scales.astype(np.int64)
+        sc = np.empty((q.shape[0], 8), np.int64)
+        m = np.empty((q.shape[0], 8), np.int64)
+        sc[:, :4] = q[:, 0:4] & 63
+        m[:, :4] = q[:, 4:8] & 63
+        # j >= 4: low 4 bits from q[j+4], high 2 bits from the top of q[j-4] (sc) / q[j] (m)
+        sc[:, 4:] = (q[:, 8:12] & 0xF) | ((q[:, 0:4] >> 6) << 4)
+        m[:, 4:] = (q[:, 8:12] >> 4) | ((q[:, 4:8] >> 6) << 4)
+        return sc, m
+
+    @staticmethod
+    def _nibbles(qs: np.ndarray) -> np.ndarray:
+        """(n, 128) packed nibbles -> (n, 256): chunk c of 64 values = 32 low nibbles, then 32 high."""
+        qs = qs.reshape(-1, 4, 32).astype(np.int64)
+        return np.concatenate([qs & 0xF, qs >> 4], axis=-1).reshape(-1, QK_K)
+
+    @classmethod
+    def unpack(cls, b):
+        """-> d, dmin (n,) float32; sc, m (n, 8); q (n, 256) unsigned quants."""
+        raise NotImplementedError
+
+    @classmethod
+    def dequantize_blocks(cls, b):
+        d, dmin, sc, m, q = cls.unpack(b)
+        # d1 = d * sc; m1 = min * m; y = d1 * q - m1   (three float32 roundings, in this order)
+        d1 = d[:, None] * sc.astype(np.float32)             # (n, 8)
+        m1 = dmin[:, None] * m.astype(np.float32)
+        return np.repeat(d1, 32, axis=1) * q.astype(np.float32) - np.repeat(m1, 32, axis=1)
+
+    @classmethod
+    def dot(cls, w, a):
+        # ggml_vec_dot_q4_K_q8_K_generic / _q5_K_
+        r, n = w.shape[0], a.qs.shape[0]
+        b, nb = cls._weight_blocks(w, a.qs.shape[1])
+        yd = a.d.astype(np.float32)                         # (n, nb)
+        d, dmin, sc, m, q = cls.unpack(b)
+        aux = _lanes(q.reshape(r, nb, QK_K), sc.reshape(r, nb, 8), 32, a.qs)
+        # sumi = sum_j bsums[j] * mins[j/2]   (exact, from the activation's stored bsums)
+        mins16 = np.repeat(m.reshape(r, nb, 8), 2, axis=2).transpose(1, 0, 2)   # (nb, r, 16)
+        bs = a.bsums.astype(np.int64).reshape(n, nb, 16).transpose(1, 2, 0)     # (nb, 16, n)
+        sumi = (mins16 @ bs).transpose(0, 2, 1)                                 # (nb, n, r)
+        d, dmin = d.reshape(r, nb), dmin.reshape(r, nb)
+        sums = _lane_sums(d, yd, aux)
+        sumf = np.zeros((n, r), np.float32)
+        for i in range(nb):
+            dmi = dmin[None, :, i] * yd[:, i, None]                     # dmin = fp16(x.dmin) * y.d
+            sumf = sumf - dmi * sumi[i].astype(np.float32)              # sumf -= dmin * sumi
+        return _add_lanes(sumf, sums)
+
+
+class Q4_K(_ScaleMinK, qtype=QT.Q4_K):
+    @classmethod
+    def unpack(cls, b):
+        # block_q4_K: d f16 @0, dmin f16 @2, scales[12] @4, qs[128] @16
+        d, dmin = _f16(b[:, 0:2]), _f16(b[:, 2:4])
+        sc, m = cls._scale_min_k4(b[:, 4:16])
+        return d, dmin, sc, m, cls._nibbles(b[:, 16:144])   # q 0..15
+
+
+class Q5_K(_ScaleMinK, qtype=QT.Q5_K):
+    @classmethod
+    def unpack(cls, b):
+        # block_q5_K: d @0, dmin @2, scales[12] @4, qh[32] @16, qs[128] @48
+        d, dmin = _f16(b[:, 0:2]), _f16(b[:, 2:4])
+        sc, m = cls._scale_min_k4(b[:, 4:16])
+        q = cls._nibbles(b[:, 48:176])
+        # sub-block s (32 values) takes its 5th bit from bit s of qh[l] (u1 = 1<<2c, u2 = 2<<2c)
+        qh = b[:, 16:48].astype(np.int64)
+        hbit = (qh[:, None, :] >> np.arange(8)[None, :, None]) & 1          # (n, 8, 32)
+        return d, dmin, sc, m, q + 16 * hbit.reshape(-1, QK_K)              # q 0..31
+
+
+class Q6_K(_Quant, qtype=QT.Q6_K):
+    activation = Q8K
+    quantize_activation = staticmethod(Q8K.quantize)
+
+    @staticmethod
+    def unpack(b):
+        """-> d (n,) float32, sc (n, 16) int8 scales of 16 values, q (n, 256) in -32..31."""
+        # block_q6_K: ql[128] @0, qh[64] @128, scales[16] int8 @192, d f16 @208
+        ql = b[:, 0:128].reshape(-1, 2, 64).astype(np.int64)       # two halves of 128 values
+        qh = b[:, 128:192].reshape(-1, 2, 32).astype(np.int64)
+        # half h, l < 32: value 32*g + l takes 4 bits from ql (g=0: ql[l]&F, 1: ql[l+32]&F,
+        # 2: ql[l]>>4, 3: ql[l+32]>>4) and 2 bits from (qh[l] >> 2g) & 3
+        low = np.concatenate([ql & 0xF, ql >> 4], axis=-1)          # (n, 2, 128)
+        high = (qh[:, :, None, :] >> (2 * np.arange(4))[None, None, :, None]) & 3   # (n, 2, 4, 32)
+        q = (low | (high.reshape(-1, 2, 128) << 4)).reshape(-1, QK_K) - 32
+        sc = b[:, 192:208].view(np.int8).astype(np.int64)           # scale of value e: sc[e // 16]
+        return _f16(b[:, 208:210]), sc, q
+
+    @classmethod
+    def dequantize_blocks(cls, b):
+        d, sc, q = cls.unpack(b)
+        # y = d * sc[is] * q  parses as (d * sc) * q
+        dsc = d[:, None] * sc.astype(np.float32)        # (n, 16)
+        return np.repeat(dsc, 16, axis=1) * q.astype(np.float32)
+
+    @classmethod
+    def dot(cls, w, a):
+        # ggml_vec_dot_q6_K_q8_K_generic
+        r, n = w.shape[0], a.qs.shape[0]
+        b, nb = cls._weight_blocks(w, a.qs.shape[1])
+        d, sc, q = cls.unpack(b)
+        aux = _lanes(q.reshape(r, nb, QK_K), sc.reshape(r, nb, 16), 16, a.qs)
+        sums = _lane_sums(d.reshape(r, nb), a.d.astype(np.float32), aux)
+        return _add_lanes(np.zeros((n, r), np.float32), sums)
+
+
+# ---------------------------------------------------------------------------------------
+# The public functions: table lookups
+# ---------------------------------------------------------------------------------------
+
+def quant_type(qtype) -> type[_Quant]:
+    """The class of a weight type; ValueError for a type the reference does not implement."""
+    qt = _qtype(qtype)
+    try:
+        return _TYPES[qt]
+    except KeyError:
+        raise ValueError(f"unsupported type {qt.name}") from None
+
+
+def dequantize(data: np.ndarray, qtype) -> np.ndarray:
+    """uint8 (..., row_bytes) -> float32 (..., values_per_row).  Any leading shape."""
+    t = quant_type(qtype)
+    b, oshape = t.blocks(data)
+    return t.dequantize_blocks(b).reshape(oshape)
+
+
+def quantize_activation(x: np.ndarray, qtype):
+    """Activation in the weight type's vec_dot_type: Q8_K for Q4_K/Q5_K/Q6_K, Q8_0 for Q8_0,
+    float32 for F32, f16-rounded float32 for F16."""
+    return quant_type(qtype).quantize_activation(np.asarray(x, dtype=np.float32))
+
+
+def _matvec_batch(w: np.ndarray, qtype, a) -> np.ndarray:
     """w (r, row_bytes) uint8; a with leading (n,) -> (n, r) float32."""
+    t = quant_type(qtype)
     w = np.asarray(w, dtype=np.uint8)
     if w.ndim != 2:
         raise ValueError("weights must be (rows, row_bytes)")
-    if qtype in (QT.Q4_K, QT.Q5_K, QT.Q6_K):
-        if not isinstance(a, Q8K):
-            raise TypeError(f"{qtype.name} weights need a Q8K activation")
-        return _dot_k(w, qtype, a)
-    if qtype == QT.Q8_0:
-        if not isinstance(a, Q80):
-            raise TypeError("Q8_0 weights need a Q80 activation")
-        return _dot_q8_0(w, a)
-    if qtype in (QT.F32, QT.F16):
-        wf = dequantize(w, qtype)
-        af = np.asarray(a, dtype=np.float32)
-        if qtype == QT.F16:                             # vec_dot_type F16: activation in f16
-            af = af.astype(np.float16).astype(np.float32)
-        return _dot_float(wf, af)
-    raise ValueError(f"matvec: unsupported type {qtype.name}")
+    if not isinstance(a, t.activation):
+        raise TypeError(f"{t.qtype.name} weights need a {t.activation.__name__} activation")
+    return t.dot(w, a)
 
 
 def _lead1(a):
@@ -357,7 +454,6 @@ def _lead1(a):
 def matvec(w: np.ndarray, qtype, a) -> np.ndarray:
     """Weights (rows, row_bytes) uint8 times ONE quantized activation row -> float32 (rows,).
     a: Q8K (K-quants), Q80 (Q8_0), float32 vector (F32/F16).  Each entry equals vec_dot."""
-    qtype = _qtype(qtype)
     return _matvec_batch(w, qtype, _lead1(a))[0]
 
 
@@ -366,28 +462,11 @@ def vec_dot(w_row: np.ndarray, qtype, a) -> np.float32:
     return np.float32(matvec(np.asarray(w_row, dtype=np.uint8)[None, :], qtype, a)[0])
 
 
-def quantize_activation(x: np.ndarray, qtype):
-    """Activation in the weight type's vec_dot_type: Q8_K for Q4_K/Q5_K/Q6_K, Q8_0 for Q8_0,
-    float32 for F32, f16-rounded float32 for F16."""
-    qtype = _qtype(qtype)
-    x = np.asarray(x, dtype=np.float32)
-    if qtype in (QT.Q4_K, QT.Q5_K, QT.Q6_K):
-        return quantize_q8_K(x)
-    if qtype == QT.Q8_0:
-        return quantize_q8_0(x)
-    if qtype == QT.F32:
-        return x
-    if qtype == QT.F16:
-        return x.astype(np.float16).astype(np.float32)
-    raise ValueError(f"unsupported weight type {qtype.name}")
-
-
 def matmul(w: np.ndarray, qtype, x: np.ndarray) -> np.ndarray:
     """y = x @ W^T as the CPU backend computes it: each activation row is first quantized to
     the weight's vec_dot_type, then every output is one vec_dot.  w (rows, row_bytes) uint8,
     x float32 (n, k) -> float32 (n, rows).  F32/F16 weights: float32 products accumulated in
     float64 in element order, then rounded to float32 (ggml's scalar ggml_vec_dot_f32/_f16)."""
-    qtype = _qtype(qtype)
     if np.asarray(w).dtype != np.uint8:
         raise TypeError(f"weights must be raw uint8 bytes (rows, row_bytes), got {np.asarray(w).dtype}")
     x = np.asarray(x, dtype=np.float32)
