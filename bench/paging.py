@@ -35,9 +35,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from engine.arena import MiB  # noqa: E402
-from engine.cache_policy import simulate_belady  # noqa: E402
-from engine.pager import PagerConfig  # noqa: E402
+from engine.paging.arena import MiB  # noqa: E402
+from engine.paging.cache_policy import simulate_belady  # noqa: E402
+from engine.paging.config import PagerConfig  # noqa: E402
 from engine.runtime import Engine, Options  # noqa: E402
 from epmci.contract_io import STATS_TIMING_FIELDS  # noqa: E402
 from epmci.synth.store import make_model  # noqa: E402

@@ -12,7 +12,6 @@ import json
 import os
 import sys
 
-import numpy as np
 
 from .dumps import MoEDumpWriter, write_atomic, write_logits
 from .gguf_model import ModelError
@@ -43,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _pager_config(a: argparse.Namespace):
-    from .pager import PagerConfig
+    from .paging.config import PagerConfig
     return PagerConfig.from_env(arena_mb=a.arena_mb, ram_budget_mb=a.ram_budget_mb,
                                 prefetch=False if a.no_prefetch else None)
 

@@ -5,7 +5,7 @@ then reads the non-expert tensors (attention, norms, router, embeddings, output)
 anonymous memory: mapped file pages can be reclaimed under memory pressure and silently
 read again, which would be disk I/O no counter sees; anonymous pages stay (there is no
 swap on the machines this targets; `vm_swap_mb` would show it). Expert tensors stay
-mapped: the pager (engine/pager.py) decides how their bytes reach RAM.
+mapped: the pager (engine/paging/) decides how their bytes reach RAM.
 """
 
 from __future__ import annotations
@@ -18,8 +18,10 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGUFReader
 from gguf import GGMLQuantizationType as Q
 
+from .qtypes import QTYPES
+
 ARCH = "qwen3moe"
-SUPPORTED = {Q.F32, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K}
+SUPPORTED = {Q(t) for t in QTYPES}
 EXPERT_PARTS = ("gate", "up", "down")
 
 

@@ -29,12 +29,11 @@ Numerics (read against llama.cpp's C sources, not memory):
   DOUBLE, and the sum rounded to float32 once at the end.  (ggml's SIMD path instead
   uses several float32 FMA accumulators; that order is machine dependent and not
   reproduced.)
-* F16 weights (dispatcher only): ggml multiplies them with F16 activations
-  (vec_dot_type F16), so x is rounded to f16 (RNE); scalar ``ggml_vec_dot_f16`` is the
-  same double accumulation of float32 products (exact for f16 x f16), so the F32 kernel
-  is reused on the f16 values.
 * ``dequantize_rows`` == ``dequantize_row_*`` in ggml-quants.c, which is also
   ``gguf.quants.dequantize`` bit for bit (float32: ``(d*sc)*q - (dmin*m)`` etc.).
+* ``matmul`` is the one dispatcher (the forward pass and the tests call it): it quantizes
+  an ``Activation`` to the weight type's vec_dot_type (engine/qtypes.py) once and runs
+  that type's kernel.
 
 Determinism: kernels are ``parallel=True`` with ``prange`` over fixed chunks of OUTPUT
 rows only; every output element is produced by one sequential loop whose order does not
@@ -51,27 +50,13 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-__all__ = [
-    "QK_K", "QK8_0", "BLOCK_BYTES",
-    "F32", "F16", "Q8_0", "Q4_K", "Q5_K", "Q6_K",
-    "quantize_q8_K", "quantize_q8_0",
-    "matmul_kquant", "matmul_q8_0", "matmul_f32",
-    "matmul", "dequantize_rows", "set_threads", "get_threads",
-]
+from .qtypes import F32, Q4_K, Q5_K, Q6_K, Q8_0, Q8_K, QK8_0, QK_K, QTYPES, qtype_info
 
-QK_K = 256
-QK8_0 = 32
-
-# gguf.GGMLQuantizationType values
-F32 = 0
-F16 = 1
-Q8_0 = 8
-Q4_K = 12
-Q5_K = 13
-Q6_K = 14
-
-# (values per block, bytes per block)
-BLOCK_BYTES = {Q8_0: (32, 34), Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210)}
+# Block sizes as module constants: numba freezes them into the kernels.
+_Q8_0_BYTES = QTYPES[Q8_0].block_bytes
+_Q4_K_BYTES = QTYPES[Q4_K].block_bytes
+_Q5_K_BYTES = QTYPES[Q5_K].block_bytes
+_Q6_K_BYTES = QTYPES[Q6_K].block_bytes
 
 # Output rows handled by one parallel work item (scratch buffers are per item).
 _CHUNK = 8
@@ -211,7 +196,7 @@ def quantize_q8_0(x):
 @njit(cache=True, inline="always")
 def _unpack_q45_K_row(wr, nb, ws, xd, xm, mins, five):
     """Q4_K/Q5_K row: ws[p] = sc(p) * q(p) (int16), xd/xm = f16 d/dmin, mins[8*i + j]."""
-    bpb = 176 if five else 144
+    bpb = _Q5_K_BYTES if five else _Q4_K_BYTES
     for i in range(nb):
         blk = wr[i * bpb:(i + 1) * bpb]
         xd[i] = _f16(blk[0], blk[1])
@@ -243,7 +228,7 @@ def _unpack_q45_K_row(wr, nb, ws, xd, xm, mins, five):
 def _unpack_q6_K_row(wr, nb, ws, xd):
     """Q6_K row: ws[p] = scales[p // 16] * (q6(p) - 32) (int16), xd = f16 d."""
     for i in range(nb):
-        blk = wr[i * 210:(i + 1) * 210]
+        blk = wr[i * _Q6_K_BYTES:(i + 1) * _Q6_K_BYTES]
         xd[i] = _f16(blk[208], blk[209])
         for half in range(2):
             ql = blk[64 * half:64 * half + 64]
@@ -339,11 +324,11 @@ def matmul_kquant(w, qtype, d, qs, bsums):
     n, k = qs.shape
     nb = k // QK_K
     if qtype == Q4_K:
-        bb = 144
+        bb = _Q4_K_BYTES
     elif qtype == Q5_K:
-        bb = 176
+        bb = _Q5_K_BYTES
     elif qtype == Q6_K:
-        bb = 210
+        bb = _Q6_K_BYTES
     else:
         raise ValueError("matmul_kquant: not a k-quant type")
     has_min = qtype != Q6_K
@@ -375,7 +360,7 @@ def matmul_q8_0(w, d, qs):
     rows = w.shape[0]
     n, k = qs.shape
     nb = k // QK8_0
-    if k % QK8_0 != 0 or w.shape[1] != nb * 34 or d.shape[0] != n:
+    if k % QK8_0 != 0 or w.shape[1] != nb * _Q8_0_BYTES or d.shape[0] != n:
         raise ValueError("matmul_q8_0: shape mismatch")
     out = np.empty((n, rows), np.float32)
     nch = (rows + _CHUNK - 1) // _CHUNK
@@ -385,7 +370,7 @@ def matmul_q8_0(w, d, qs):
         for r in range(c * _CHUNK, min(rows, (c + 1) * _CHUNK)):
             wr = w[r]
             for i in range(nb):
-                o = i * 34
+                o = i * _Q8_0_BYTES
                 xd[i] = _f16(wr[o], wr[o + 1])
                 for l in range(QK8_0):
                     wq[i * QK8_0 + l] = np.int8(wr[o + 2 + l])
@@ -459,11 +444,11 @@ def matmul_f32(w, x):
 @njit(cache=True, parallel=True)
 def _dequant_q8_0(w):
     rows = w.shape[0]
-    nb = w.shape[1] // 34
+    nb = w.shape[1] // _Q8_0_BYTES
     out = np.empty((rows, nb * QK8_0), np.float32)
     for r in prange(rows):
         for i in range(nb):
-            o = i * 34
+            o = i * _Q8_0_BYTES
             dd = _f16(w[r, o], w[r, o + 1])
             for l in range(QK8_0):
                 out[r, i * QK8_0 + l] = np.float32(np.float32(np.int8(w[r, o + 2 + l])) * dd)
@@ -473,7 +458,7 @@ def _dequant_q8_0(w):
 @njit(cache=True, parallel=True)
 def _dequant_q45_K(w, five):
     rows = w.shape[0]
-    bpb = 176 if five else 144
+    bpb = _Q5_K_BYTES if five else _Q4_K_BYTES
     nb = w.shape[1] // bpb
     out = np.empty((rows, nb * QK_K), np.float32)
     for r in prange(rows):
@@ -506,11 +491,11 @@ def _dequant_q45_K(w, five):
 @njit(cache=True, parallel=True)
 def _dequant_q6_K(w):
     rows = w.shape[0]
-    nb = w.shape[1] // 210
+    nb = w.shape[1] // _Q6_K_BYTES
     out = np.empty((rows, nb * QK_K), np.float32)
     for r in prange(rows):
         for i in range(nb):
-            o = i * 210
+            o = i * _Q6_K_BYTES
             dd = _f16(w[r, o + 208], w[r, o + 209])
             for half in range(2):
                 ql = o + 64 * half
@@ -536,69 +521,70 @@ def _dequant_q6_K(w):
     return out
 
 
-def _as_rows_u8(w, qtype):
-    w = np.asarray(w)
-    if w.dtype != np.uint8:
-        w = w.view(np.uint8)
-    if w.ndim != 2:
-        raise ValueError(f"weights must be 2-D (rows, row_bytes), got shape {w.shape}")
-    bs, ts = BLOCK_BYTES[qtype]
-    if w.shape[1] % ts != 0:
-        raise ValueError(f"row bytes {w.shape[1]} not a multiple of block size {ts} for qtype {qtype}")
-    return np.ascontiguousarray(w)
+def _dequant_q4_K(w):
+    return _dequant_q45_K(w, False)
 
 
-def dequantize_rows(w, qtype: int) -> np.ndarray:
-    """uint8[rows, row_bytes] of qtype (Q8_0/Q4_K/Q5_K/Q6_K, also F32/F16) -> float32[rows, k]."""
-    qtype = int(qtype)
-    if qtype == F32:
-        return np.ascontiguousarray(np.asarray(w).view(np.float32))
-    if qtype == F16:
-        return np.asarray(w).view(np.float16).astype(np.float32)
-    if qtype not in BLOCK_BYTES:
-        raise ValueError(f"dequantize_rows: unsupported ggml type {qtype}")
-    w = _as_rows_u8(w, qtype)
-    if qtype == Q8_0:
-        return _dequant_q8_0(w)
-    if qtype == Q4_K:
-        return _dequant_q45_K(w, False)
-    if qtype == Q5_K:
-        return _dequant_q45_K(w, True)
-    return _dequant_q6_K(w)
+def _dequant_q5_K(w):
+    return _dequant_q45_K(w, True)
+
+
+_DEQUANTIZE = {Q8_0: _dequant_q8_0, Q4_K: _dequant_q4_K, Q5_K: _dequant_q5_K, Q6_K: _dequant_q6_K}
+
+
+def dequantize_rows(w: np.ndarray, qtype: int) -> np.ndarray:
+    """Rows of a tensor of qtype (uint8[rows, row_bytes]; float32[rows, k] for F32) ->
+    float32[rows, k]."""
+    t = qtype_info(qtype)
+    if t.vec_dot_type == F32:
+        return np.ascontiguousarray(w, dtype=np.float32)
+    w = np.ascontiguousarray(w, dtype=np.uint8)
+    if w.ndim != 2 or w.shape[1] % t.block_bytes:
+        raise ValueError(f"dequantize_rows: {t.name} rows must be (rows, n * {t.block_bytes}) bytes, "
+                         f"got shape {w.shape}")
+    return _DEQUANTIZE[int(qtype)](w)
 
 
 # ------------------------------------------------------------- dispatcher
 
-def matmul(w, qtype: int, x) -> np.ndarray:
-    """y[n, rows] = W x for weights w (rows of a ggml tensor of type qtype) and x float32[n, k].
+class Activation:
+    """Rows x[n, k] as float32, quantized at most once per activation type (vec_dot_type),
+    however many weight matrices multiply them."""
 
-    The activation is quantized as ggml's CPU backend does (vec_dot_type): Q8_K for
-    Q4_K/Q5_K/Q6_K, Q8_0 for Q8_0, F16 for F16, none for F32.  A 1-D x is treated as
-    (1, k); the result is always 2-D.
-    """
-    qtype = int(qtype)
-    x = np.asarray(x, dtype=np.float32)
-    if x.ndim == 1:
-        x = x.reshape(1, -1)
-    x = np.ascontiguousarray(x)
-    if qtype in (Q4_K, Q5_K, Q6_K):
-        w = _as_rows_u8(w, qtype)
-        d, qs, bsums = quantize_q8_K(x)
-        return matmul_kquant(w, qtype, d, qs, bsums)
-    if qtype == Q8_0:
-        w = _as_rows_u8(w, qtype)
-        d, qs = quantize_q8_0(x)
-        return matmul_q8_0(w, d, qs)
-    if qtype == F32:
-        w = np.asarray(w)
-        if w.dtype != np.float32:
-            w = w.view(np.float32)
-        return matmul_f32(np.ascontiguousarray(w), x)
-    if qtype == F16:
-        w = np.asarray(w)
-        if w.dtype != np.float16:
-            w = w.view(np.float16)
-        xh = x.astype(np.float16).astype(np.float32)
-        return matmul_f32(np.ascontiguousarray(w.astype(np.float32)), xh)
-    raise ValueError(f"matmul: unsupported ggml type {qtype} "
-                     f"(supported: F32=0, F16=1, Q8_0=8, Q4_K=12, Q5_K=13, Q6_K=14)")
+    def __init__(self, x: np.ndarray):
+        self.x = np.ascontiguousarray(x, dtype=np.float32)
+        if self.x.ndim != 2:
+            raise ValueError(f"activations must be 2-D (rows, k), got shape {self.x.shape}")
+        self._quantized: dict[int, tuple] = {}
+
+    def quantized(self, vec_dot_type: int) -> tuple:
+        q = self._quantized.get(vec_dot_type)
+        if q is None:
+            q = self._quantized[vec_dot_type] = _QUANTIZE[vec_dot_type](self.x)
+        return q
+
+    def rows(self, idx: np.ndarray) -> "Activation":
+        """The rows idx, with what is quantized already (quantization is per row)."""
+        sub = Activation(self.x[idx])
+        sub._quantized = {t: tuple(np.ascontiguousarray(a[idx]) for a in q) for t, q in self._quantized.items()}
+        return sub
+
+
+_QUANTIZE = {Q8_K: quantize_q8_K, Q8_0: quantize_q8_0, F32: lambda x: (x,)}
+
+
+def _kquant(qtype: int):
+    return lambda w, d, qs, bsums: matmul_kquant(w, qtype, d, qs, bsums)
+
+
+_MATMUL = {Q4_K: _kquant(Q4_K), Q5_K: _kquant(Q5_K), Q6_K: _kquant(Q6_K), Q8_0: matmul_q8_0, F32: matmul_f32}
+
+
+def matmul(w: np.ndarray, qtype: int, a: Activation | np.ndarray) -> np.ndarray:
+    """y[n, rows] = W x as ggml's CPU backend computes it, for weight rows w of type qtype
+    (uint8[rows, row_bytes]; float32[rows, k] for F32) and activations a (x float32[n, k]):
+    x is quantized to the type's vec_dot_type, then the type's kernel runs."""
+    t = qtype_info(qtype)
+    if not isinstance(a, Activation):
+        a = Activation(a)
+    return _MATMUL[int(qtype)](w, *a.quantized(t.vec_dot_type))

@@ -16,18 +16,20 @@ import numpy as np
 from . import kernels as K
 from . import ops
 from .gguf_model import GGUFModel
-
-Q8K_TYPES = (K.Q4_K, K.Q5_K, K.Q6_K)
+from .kernels import Activation
 
 
 class ExpertStore(Protocol):
     """Where expert bytes come from. `fetch` returns (gate, up, down) byte views per expert,
-    valid until `release`; `begin_layer` is the prefetch hook."""
+    valid until `release`; `begin_layer` is the prefetch hook; `counters` are the exact
+    paging counters so far (docs/engine-contract.md; empty when nothing is paged)."""
 
     def begin_layer(self, il: int, x: np.ndarray) -> None: ...
     def fetch(self, il: int, experts: list[int]) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]: ...
     def release(self, il: int) -> None: ...
     def end_batch(self, n_tokens: int) -> None: ...
+    def counters(self) -> dict: ...
+    def close(self) -> None: ...
 
 
 @dataclass
@@ -40,46 +42,12 @@ class MoETrace:
     out: np.ndarray
 
 
-class Activation:
-    """Rows of x quantized once for every weight type that multiplies them."""
-
-    def __init__(self, x: np.ndarray):
-        self.x = np.ascontiguousarray(x, dtype=np.float32)
-        self._q8k = self._q80 = None
-
-    def q8k(self):
-        if self._q8k is None:
-            self._q8k = K.quantize_q8_K(self.x)
-        return self._q8k
-
-    def q80(self):
-        if self._q80 is None:
-            self._q80 = K.quantize_q8_0(self.x)
-        return self._q80
-
-    def rows(self, idx: np.ndarray) -> "Activation":
-        sub = Activation(self.x[idx])
-        if self._q8k is not None:
-            sub._q8k = tuple(np.ascontiguousarray(a[idx]) for a in self._q8k)
-        return sub
-
-
-def matmul(w: np.ndarray, qtype: int, a: Activation) -> np.ndarray:
-    if qtype in (K.Q4_K, K.Q5_K, K.Q6_K):
-        return K.matmul_kquant(w, qtype, *a.q8k())
-    if qtype == K.Q8_0:
-        return K.matmul_q8_0(w, *a.q80())
-    if qtype == K.F32:
-        return K.matmul_f32(w, a.x)
-    raise ValueError(f"unsupported weight type {qtype}")
-
-
 def expert_ffn(gate_w: np.ndarray, up_w: np.ndarray, down_w: np.ndarray,
                types: tuple[int, int, int], a: Activation) -> np.ndarray:
     """One expert on rows a: down(silu(gate a) * up a), each product as ggml computes it."""
     t_gate, t_up, t_down = types
-    act = ops.swiglu(matmul(gate_w, t_gate, a), matmul(up_w, t_up, a))
-    return matmul(down_w, t_down, Activation(act))
+    act = ops.swiglu(K.matmul(gate_w, t_gate, a), K.matmul(up_w, t_up, a))
+    return K.matmul(down_w, t_down, Activation(act))
 
 
 def kv_cache_shape(hp, n_ctx: int) -> tuple[int, int, int, int]:
@@ -107,12 +75,13 @@ class Model:
         self._exp_types = [tuple(int(gm.expert_part(il, p).qtype) for p in ("gate", "up", "down"))
                            for il in range(hp.n_layer)]
 
-    def reset(self) -> None:
-        self.n_past = 0
+    def expert_types(self, il: int) -> tuple[int, int, int]:
+        """ggml types of layer il's gate, up and down expert weights."""
+        return self._exp_types[il]
 
     def _mm(self, name: str, x) -> np.ndarray:
         w, qtype = self._w[name]
-        return matmul(w, qtype, x if isinstance(x, Activation) else Activation(x))
+        return K.matmul(w, qtype, x)
 
     def _vec(self, name: str) -> np.ndarray:
         return self._w[name][0]
@@ -174,7 +143,7 @@ class Model:
         y = np.zeros((*selected.shape, h.shape[1]), dtype=np.float32)
         for e in experts:
             rows, slots = np.nonzero(selected == e)
-            y[rows, slots] = expert_ffn(*views[e], self._exp_types[il], a.rows(rows))
+            y[rows, slots] = expert_ffn(*views[e], self.expert_types(il), a.rows(rows))
         self.experts.release(il)
         # weight each expert's output, then add them in selection order (as ggml does)
         y *= weights[:, :, None]
@@ -204,4 +173,10 @@ class ResidentExperts:
         pass
 
     def end_batch(self, n_tokens: int) -> None:
+        pass
+
+    def counters(self) -> dict:
+        return {}
+
+    def close(self) -> None:
         pass

@@ -7,39 +7,18 @@ too. Phases (prefill, decode) are timed and counted separately.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from . import kernels
 from .gguf_model import GGUFModel
-from .model import Model, MoETrace, ResidentExperts, kv_cache_bytes
+from .model import ExpertStore, Model, ResidentExperts, kv_cache_bytes
+from .paging.config import PagerConfig
+from .stats import PhaseStats, phase_counters
 from .tokenizer import Tokenizer
 
 CHAT_TEMPLATE = "<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
-
-
-def peak_rss_mb() -> float:
-    """VmHWM of this process in MiB (0 where /proc is not available)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
-    return 0.0
-
-
-def vm_swap_mb() -> float:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmSwap:"):
-                    return int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
-    return 0.0
 
 
 @dataclass
@@ -48,23 +27,7 @@ class Options:
     threads: int = 1
     batch: int = 32
     pager: bool = True
-    pager_config: object | None = None  # engine.pager.PagerConfig; None = defaults from env
-
-
-@dataclass
-class PhaseStats:
-    phase: str
-    tokens: int = 0
-    seconds: float = 0.0
-    counters: dict = field(default_factory=dict)
-
-    def record(self) -> dict:
-        rec = {"phase": self.phase, "tokens": self.tokens, "seconds": round(self.seconds, 6),
-               "tok_s": round(self.tokens / self.seconds, 4) if self.seconds > 0 else 0.0}
-        rec.update(self.counters)
-        rec["peak_rss_mb"] = round(peak_rss_mb(), 1)
-        rec["vm_swap_mb"] = round(vm_swap_mb(), 1)
-        return rec
+    pager_config: PagerConfig | None = None  # None: defaults from the environment
 
 
 class Engine:
@@ -73,8 +36,9 @@ class Engine:
         kernels.set_threads(self.options.threads)
         self.gm = GGUFModel(model_path)
         self.tokenizer = Tokenizer.from_gguf(self.gm.reader)
+        self.experts: ExpertStore
         if self.options.pager:
-            from .pager import Pager, PagerConfig
+            from .paging.pager import Pager   # --no-pager never imports the paging machinery
             cfg = self.options.pager_config or PagerConfig.from_env()
             self.experts = Pager(self.gm, cfg, batch=self.options.batch,
                                  n_ctx=self.options.n_ctx)
@@ -93,15 +57,13 @@ class Engine:
     # ------------------------------------------------------------ evaluation
 
     def close(self) -> None:
-        close = getattr(self.experts, "close", None)
-        if close:
-            close()
+        self.experts.close()
 
     def eval(self, tokens, phase: str = "prefill") -> np.ndarray:
         """Evaluate tokens in micro-batches of `batch`; returns logits for every position."""
         tokens = np.asarray(tokens, dtype=np.int64)
         stats = self._phase(phase)
-        before = self._counters()
+        before = self.experts.counters()
         t0 = time.perf_counter()
         out = []
         b = max(1, self.options.batch)
@@ -120,14 +82,8 @@ class Engine:
         self.phases.append(p)
         return p
 
-    def _counters(self) -> dict:
-        counters = getattr(self.experts, "counters", None)
-        return counters() if counters else {}
-
     def _accumulate(self, stats: PhaseStats, before: dict) -> None:
-        after = self._counters()
-        from .pager import phase_counters  # --no-pager: empty snapshots, paging fields 0
-        stats.counters = phase_counters(stats.counters, before, after, stats.tokens)
+        stats.counters = phase_counters(stats.counters, before, self.experts.counters(), stats.tokens)
 
     def on_moe(self, fn) -> None:
         """Call fn(MoETrace) after every layer's MoE (per micro-batch)."""

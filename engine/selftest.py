@@ -17,7 +17,8 @@ import numpy as np
 
 from .dumps import write_atomic
 from .gguf_model import ModelError
-from .model import Activation, expert_ffn
+from .kernels import Activation
+from .model import expert_ffn
 
 SELFTEST_MAGIC = b"EPMS"
 SELFTEST_VERSION = 1
@@ -46,7 +47,7 @@ def parse_spec(spec: str, n_layer: int, n_expert: int) -> tuple[int, int, int, s
 
 def run_selftest(engine, spec: str) -> dict:
     """Run the selftest on an Engine built with the pager; returns what was written."""
-    from .pager import Pager
+    from .paging.pager import Pager
     hp = engine.gm.hp
     layer, expert, n, out = parse_spec(spec, hp.n_layer, hp.n_expert)
     pager = engine.experts
@@ -59,7 +60,7 @@ def run_selftest(engine, spec: str) -> dict:
             digest.update(np.ascontiguousarray(part).data)
         sha = digest.digest()
         x = selftest_inputs(layer, expert, n, hp.n_embd)
-        y = expert_ffn(g, u, d, engine.model._exp_types[layer], Activation(x))
+        y = expert_ffn(g, u, d, engine.model.expert_types(layer), Activation(x))
     finally:
         pager.release(layer)
     data = (SELFTEST_MAGIC + struct.pack("<5I", SELFTEST_VERSION, layer, expert, n, hp.n_embd) + sha
@@ -67,15 +68,3 @@ def run_selftest(engine, spec: str) -> dict:
     write_atomic(out, data)
     return {"layer": layer, "expert": expert, "slot": slot, "sha256": sha, "x": x, "y": y}
 
-
-def read_selftest(path) -> dict:
-    """Parse an OUT file (for tests and the gate)."""
-    b = open(path, "rb").read()
-    if b[:4] != SELFTEST_MAGIC:
-        raise ValueError(f"{path}: not a selftest file")
-    version, layer, expert, n, e = struct.unpack_from("<5I", b, 4)
-    sha = b[24:56]
-    x = np.frombuffer(b, "<f4", n * e, 56).reshape(n, e)
-    y = np.frombuffer(b, "<f4", n * e, 56 + 4 * n * e).reshape(n, e)
-    return {"version": version, "layer": layer, "expert": expert, "n_rows": n, "n_embd": e,
-            "sha256": sha, "x": x, "y": y}

@@ -292,12 +292,6 @@ class Tokenizer:
             pad_id=opt_int("tokenizer.ggml.padding_token_id"),
         )
 
-    @classmethod
-    def from_gguf_path(cls, path) -> "Tokenizer":
-        import gguf
-
-        return cls.from_gguf(gguf.GGUFReader(path))
-
     # --------------------------------------------------------------- properties
 
     @property
@@ -306,9 +300,6 @@ class Tokenizer:
 
     def is_eog(self, token_id: int) -> bool:
         return token_id in self.eog_ids
-
-    def is_special(self, token_id: int) -> bool:
-        return self.token_types[token_id] in (TokenType.CONTROL, TokenType.USER_DEFINED, TokenType.UNKNOWN)
 
     # ----------------------------------------------------------------- encoding
 

@@ -1,7 +1,7 @@
 """Unit tests of the pager's pure logic: cache policy, prefetch queue, slot planning, Belady.
 
-No model, no I/O: engine/cache_policy.py, engine/prefetch.py (PrefetchQueue) and
-engine/arena.py (plan_slots) are functions of their call sequence alone.
+No model, no I/O: engine/paging/cache_policy.py, engine/paging/prefetch.py (PrefetchQueue) and
+engine/paging/arena.py (plan_slots) are functions of their call sequence alone.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from collections import OrderedDict
 
 import pytest
 
-from engine.arena import LayerLayout, PartLayout, plan_slots
-from engine.cache_policy import CachePolicy, simulate_belady
+from engine.paging.arena import LayerLayout, PartLayout, plan_slots
+from engine.paging.cache_policy import CachePolicy, simulate_belady
 from engine.gguf_model import ModelError
-from engine.prefetch import PrefetchQueue
+from engine.paging.prefetch import PrefetchQueue
 
 
 def one_class(n_slots, n_layers=4, admit=1, need=0):
@@ -31,8 +31,12 @@ def test_lru_evicts_least_recently_used():
     p.lookup(0, [1]); p.release()            # 1 becomes most recent
     [d] = p.lookup(0, [4]); p.release()
     assert (d.hit, d.victim) == (False, (0, 2))
-    assert p.lru_order() == [(0, 3), (0, 1), (0, 4)]
     assert (p.hits, p.misses, p.evictions) == (1, 4, 1)
+    victims = []
+    for e in (5, 6, 7):                      # further misses evict in LRU order: 3, 1, 4
+        [d] = p.lookup(0, [e]); p.release()
+        victims.append(d.victim)
+    assert victims == [(0, 3), (0, 1), (0, 4)]
 
 
 def test_lookup_never_evicts_an_expert_of_the_same_group():
@@ -64,7 +68,8 @@ def test_classes_are_separate():
     for e in range(5):
         [d] = p.lookup(0, [e]); p.release()
         assert d.slot in (0, 1)
-    assert p.slot_of((1, 8)) == 2
+    [d] = p.lookup(1, [8])
+    assert d.hit and d.slot == 2
 
 
 # ---------------------------------------------------------------- admission

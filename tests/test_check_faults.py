@@ -94,7 +94,7 @@ def test_kernel_catches_wrong_offset_in_paged_path(tmp_path, tiny_model):
     """The pager reads expert e-1's bytes for expert e (off by one expert): the selftest's
     slot hash names the expert whose bytes are in the slot; e2e A/B sees it too."""
     cmd = broken_engine(tmp_path, """
-        import engine.arena as A
+        import engine.paging.arena as A
         good = A.LayerLayout.ranges
         A.LayerLayout.ranges = lambda self, expert: good(self, expert - 1 if expert > 0 else expert)
     """)
@@ -117,7 +117,7 @@ WRONG_SIZE_PREFETCH = """
     # A prefetch of a large-slot expert takes a free/evictable SMALL slot (the slot class is
     # not checked), and the read is not bounds-checked either: it writes past the small slot
     # into its neighbour -- the bug the original project's prefetch-stress layer was added for.
-    import engine.cache_policy as C, engine.pager as P
+    import engine.paging.cache_policy as C, engine.paging.pager as P
     def prefetch(self, key, current_layer, clock, protect=frozenset()):
         if key in self.where or not self.admissible(key):
             return None
@@ -165,7 +165,7 @@ def test_prefetch_stress_catches_prefetch_into_wrong_size_slot(tmp_path, tiny_mo
 SLOT_BEFORE_READ = """
     # Compute from a slot without waiting for its read; the reader threads are slow (a busy
     # disk), so the bytes are not there yet.
-    import engine.expert_io as IO, engine.pager as P
+    import engine.paging.expert_io as IO, engine.paging.pager as P
     slow = IO.ExpertIO._read
     def read(self, *a):
         time.sleep(0.003)

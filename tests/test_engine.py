@@ -132,9 +132,10 @@ def test_seeded_sampling_is_reproducible(tiny_model):
     toks = eng.encode_prompt("once upon a time", chat=True)
     a, _ = resident(tiny_model).generate(toks, 8, temp=0.8, seed=7)
     b, _ = resident(tiny_model).generate(toks, 8, temp=0.8, seed=7)
-    c, _ = resident(tiny_model).generate(toks, 8, temp=0.8, seed=8)
     assert a == b
-    assert a != c or len(a) < 8  # another seed may stop early at end-of-generation
+    # and the seed is used: four seeds do not all sample the same tokens
+    others = {tuple(resident(tiny_model).generate(toks, 8, temp=0.8, seed=s)[0]) for s in (8, 9, 10, 11)}
+    assert len(others | {tuple(a)}) > 1
 
 
 def _bad_models(tmp_path, tiny_model):

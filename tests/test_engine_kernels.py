@@ -5,24 +5,35 @@ Independent checks used here:
 * a NumPy emulation of ggml's *generic C* vec_dot float order (written from
   ggml/src/ggml-cpu/quants.c, vectorized over rows) for bit-exact dot products;
 * float64 sums of dequantized weights x dequantized activations for accuracy;
-* epmci.reference.quants.matmul (bit for bit) when that module exists.
+* epmci.reference.quants.matmul (bit for bit).
 """
 
 from __future__ import annotations
 
-import importlib.util
-
 import numpy as np
 import pytest
 
+from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
 from gguf import quants as gq
 
 from engine import kernels as K
+from engine.gguf_model import SUPPORTED
+from engine.qtypes import QTYPES as TABLE
 
 QTYPES = [T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K]
-ALL_MM = [T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, T.F32, T.F16]
-BPB = {T.Q8_0: (32, 34), T.Q4_K: (256, 144), T.Q5_K: (256, 176), T.Q6_K: (256, 210)}
+ALL_MM = [T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, T.F32]
+BPB = {t: GGML_QUANT_SIZES[t] for t in QTYPES}
+
+
+def test_qtype_table_is_ggmls_and_the_loaders():
+    """One table of the engine's types: gguf-py's block sizes, ggml-cpu's vec_dot types,
+    and exactly the types the loader accepts."""
+    assert set(SUPPORTED) == set(TABLE) == set(ALL_MM)
+    vec_dot = {T.F32: T.F32, T.Q8_0: T.Q8_0, T.Q4_K: T.Q8_K, T.Q5_K: T.Q8_K, T.Q6_K: T.Q8_K}
+    for code, t in TABLE.items():
+        assert (t.block_values, t.block_bytes) == GGML_QUANT_SIZES[T(code)], t
+        assert t.name == T(code).name and t.vec_dot_type == vec_dot[T(code)], t
 
 
 # ----------------------------------------------------------------- random weights
@@ -42,8 +53,6 @@ def rand_weights(rng, qtype, rows, k, finite_any=False):
     negative, subnormal, huge); otherwise scales are realistic positive values."""
     if qtype == T.F32:
         return rng.standard_normal((rows, k)).astype(np.float32)
-    if qtype == T.F16:
-        return (rng.standard_normal((rows, k)) * 0.1).astype(np.float16)
     bs, ts = BPB[qtype]
     nb = k // bs
     w = rng.integers(0, 256, size=(rows, nb, ts), dtype=np.uint16).astype(np.uint8)
@@ -119,13 +128,11 @@ def emulate_c_matmul(w, qtype, x):
     x = np.asarray(x, np.float32)
     n, k = x.shape
     rows = w.shape[0]
-    if qtype == T.F32 or qtype == T.F16:
-        wf = w.astype(np.float32)
-        xf = x.astype(np.float16).astype(np.float32) if qtype == T.F16 else x
-        # scalar ggml_vec_dot_f32/_f16: float32 products summed in double, then float
+    if qtype == T.F32:
+        # scalar ggml_vec_dot_f32: float32 products summed in double, then float
         s = np.zeros((n, rows), np.float64)
         for i in range(k):
-            s = s + (xf[:, i:i + 1] * wf[None, :, i]).astype(np.float64)
+            s = s + (x[:, i:i + 1] * w[None, :, i]).astype(np.float64)
         return s.astype(np.float32)
     if qtype == T.Q8_0:
         yd, yq = K.quantize_q8_0(x)
@@ -271,8 +278,6 @@ def _deq_activation(qtype, x):
     if qtype == T.Q8_0:
         d, qs = K.quantize_q8_0(x)
         return np.repeat(d.astype(np.float64), 32, axis=1) * qs
-    if qtype == T.F16:
-        return x.astype(np.float16).astype(np.float64)
     return x.astype(np.float64)
 
 
@@ -283,17 +288,16 @@ def test_matmul_accuracy_vs_float64(qtype):
     w = rand_weights(rng, qtype, rows, k)
     x = _activations(rng, n, k)
     got = K.matmul(w, qtype, x).astype(np.float64)
-    wd = K.dequantize_rows(w, qtype).astype(np.float64) if qtype not in (T.F32, T.F16) \
-        else w.astype(np.float64)
+    wd = K.dequantize_rows(w, qtype).astype(np.float64)
     xd = _deq_activation(qtype, x)
     exp = xd @ wd.T
     # Error model: all integer sums are exact; the float part is a few float32 roundings
     # per output (per super-block: d = dx*dy, d*aux, += ; the min term; 8 final lane adds;
-    # for F32/F16: one float32 rounding per product, then a double sum rounded once).
+    # for F32: one float32 rounding per product, then a double sum rounded once).
     # Every rounded quantity is bounded by S = sum_i |w_i|*|x_i| (|w| split as
     # |d*sc*q| + |dmin*m| for the K-quants, since the min term is accumulated separately),
     # so |err| <= c * eps32 * S with c ~ the length of the longest float32 chain
-    # (nb + 10 <= 12 here; ~2 for F32/F16).  eps32 = 6e-8, so 1e-5 * S (c ~ 170) is a
+    # (nb + 10 <= 12 here; ~2 for F32).  eps32 = 6e-8, so 1e-5 * S (c ~ 170) is a
     # safe bound, while a wrong scale/offset/bit would give errors of order S.
     if qtype in (T.Q4_K, T.Q5_K, T.Q6_K):
         absw = _unpack_k(w, qtype, k)[4]
@@ -327,28 +331,38 @@ def test_thread_count_determinism(qtype):
     assert np.array_equal(_bits(c[0]), _bits(a[3]))
 
 
-def test_direct_kernel_api_and_errors():
+def test_activation_quantized_once_serves_every_matrix_and_row_subset():
+    """The forward quantizes a layer's input once for q/k/v and an MoE input once for all
+    experts, taking row subsets of it: the same bits as quantizing those rows afresh."""
     rng = np.random.default_rng(40)
+    x = _activations(rng, 6, 512)
+    a = K.Activation(x)
+    idx = np.array([4, 1, 1, 5])
+    for qtype in ALL_MM:
+        w = rand_weights(rng, qtype, 24, 512)
+        assert np.array_equal(_bits(K.matmul(w, qtype, a)), _bits(K.matmul(w, qtype, x)))
+        sub = a.rows(idx)
+        assert np.array_equal(_bits(K.matmul(w, qtype, sub)), _bits(K.matmul(w, qtype, x[idx])))
+
+
+def test_bad_shapes_and_types_are_value_errors():
+    rng = np.random.default_rng(41)
     w = rand_weights(rng, T.Q4_K, 16, 512)
     x = _activations(rng, 3, 512)
-    d, qs, bs = K.quantize_q8_K(x)
-    assert np.array_equal(K.matmul_kquant(w, T.Q4_K, d, qs, bs), K.matmul(w, T.Q4_K, x))
-    # 1-D activation is treated as (1, k)
-    assert np.array_equal(K.matmul(w, T.Q4_K, x[0]), K.matmul(w, T.Q4_K, x[:1]))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="shape"):
         K.matmul(w, T.Q4_K, x[:, :256])          # k mismatch
-    with pytest.raises(ValueError):
-        K.matmul(w, T.Q2_K, x)                   # unsupported type
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="2-D"):
+        K.matmul(w, T.Q4_K, x[0])
+    with pytest.raises(ValueError, match="unsupported ggml type 10"):
+        K.matmul(w, T.Q2_K, x)
+    with pytest.raises(ValueError, match="unsupported ggml type 11"):
         K.dequantize_rows(w, T.Q3_K)
+    with pytest.raises(ValueError, match="Q6_K rows"):
+        K.dequantize_rows(w, T.Q6_K)             # 288 bytes per row is not whole Q6_K blocks
 
 
 # ----------------------------------------------------------------- vs the reference engine
 
-_HAVE_REF = importlib.util.find_spec("epmci.reference.quants") is not None
-
-
-@pytest.mark.skipif(not _HAVE_REF, reason="epmci.reference.quants not present")
 @pytest.mark.parametrize("qtype", ALL_MM)
 def test_matches_reference_bit_for_bit(qtype):
     from epmci.reference import quants as R
@@ -356,11 +370,8 @@ def test_matches_reference_bit_for_bit(qtype):
     k = 768
     w = rand_weights(rng, qtype, 40, k)
     x = _activations(rng, 6, k)
-    try:
-        # the reference takes every weight type as raw row bytes (rows, row_bytes)
-        ref = np.asarray(R.matmul(np.ascontiguousarray(w).view(np.uint8), int(qtype), x))
-    except (ValueError, NotImplementedError) as e:
-        pytest.skip(f"reference does not support {qtype.name}: {e}")
+    # the reference takes every weight type as raw row bytes (rows, row_bytes)
+    ref = np.asarray(R.matmul(np.ascontiguousarray(w).view(np.uint8), int(qtype), x))
     got = K.matmul(w, qtype, x)
     assert ref.shape == got.shape
     assert np.array_equal(_bits(got), _bits(ref.astype(np.float32)))

@@ -22,11 +22,13 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from engine import expert_io
-from engine.arena import MiB
-from engine.pager import Pager, PagerConfig
+from engine.paging import expert_io
+from engine.paging.arena import MiB
+from engine.paging.config import PagerConfig
+from engine.paging.pager import Pager
 from engine.runtime import Engine, Options
-from engine.selftest import read_selftest, run_selftest
+from engine.selftest import run_selftest
+from epmci.contract_io import read_selftest
 from epmci.gguf.file import ModelFile
 from epmci.synth.store import make_model
 from epmci.reference.moe import expert_forward
@@ -314,17 +316,16 @@ def test_selftest_matches_reference(ci, sizes, tmp_path, layer, expert, n):
         assert eng.experts.read_log is None and eng.experts.counters()["misses"] == 1
     finally:
         eng.close()
-    got = read_selftest(out)
     mf = ModelFile(ci)
-    assert (got["version"], got["layer"], got["expert"], got["n_rows"], got["n_embd"]) == \
-        (1, layer, expert, n, mf.hp.n_embd)
+    # the gate's reader: version, layer, expert, rows and width checked, or ContractError
+    got = read_selftest(out, layer=layer, expert=expert, n_rows=n, n_embd=mf.hp.n_embd)
     x = np.random.default_rng([layer, expert, n]).standard_normal((n, mf.hp.n_embd)).astype(np.float32)
-    assert got["x"].tobytes() == x.tobytes()
+    assert got.x.tobytes() == x.tobytes()
     ref = expert_forward(mf, layer, expert, x)
-    assert got["y"].tobytes() == np.ascontiguousarray(ref, dtype=np.float32).tobytes()
+    assert got.y.tobytes() == np.ascontiguousarray(ref, dtype=np.float32).tobytes()
     file_bytes = b"".join(np.ascontiguousarray(mf.read_expert(layer, expert, p)).tobytes()
                           for p in ("gate", "up", "down"))
-    assert got["sha256"] == hashlib.sha256(file_bytes).digest()
+    assert got.slot_sha256 == hashlib.sha256(file_bytes).digest()
 
 
 # ---------------------------------------------------------------- slot errors
@@ -412,9 +413,9 @@ def test_cli_selftest(ci, sizes, tmp_path):
     p = cli(["-m", ci, "-b", str(BATCH), "--arena-mb", str(arena(sizes, 0.15)),
              "--selftest", f"5:3:2:{out}"], cwd=tmp_path)
     assert p.returncode == 0, p.stderr
-    got = read_selftest(out)
+    got = read_selftest(out, layer=5, expert=3, n_rows=2)
     mf = ModelFile(ci)
-    assert got["y"].tobytes() == expert_forward(mf, 5, 3, got["x"]).astype(np.float32).tobytes()
+    assert got.y.tobytes() == expert_forward(mf, 5, 3, got.x).astype(np.float32).tobytes()
     line = _one_line_error(cli(["-m", ci, "--selftest", f"9:0:1:{out}"], cwd=tmp_path))
     assert "layer 9 out of range" in line
 
@@ -457,7 +458,7 @@ def test_expert_io_direct_when_aligned_else_buffered(tmp_path):
     (2496, 73728, 2, 2496 - 2496 + 77824 + 73728, True, (2496, 77824)),   # ends exactly at EOF
 ])
 def test_part_window_rule(offset, stride, n_expert, file_size, direct, want):
-    from engine.arena import part_window
+    from engine.paging.arena import part_window
     from epmci.check.context import slot_part_bytes
     assert part_window(offset, stride, n_expert, file_size, direct) == want
     # epmci's model of the rule (for the minimum arena) agrees with the engine's
@@ -470,7 +471,7 @@ def test_epmci_minimum_arena_equals_the_engines(ci, direct, uniform):
     """epmci computes the stress arenas from the file (run.slot_align, run.slot_windows); with
     the engine's matching SDQ_DIRECT_IO both must give the same minimum, or the stress runs
     are refused or stop stressing."""
-    from engine.arena import layer_layouts, plan_slots
+    from engine.paging.arena import layer_layouts, plan_slots
     from engine.gguf_model import GGUFModel
     from epmci.check.context import ModelFacts
     gm = GGUFModel(ci)

@@ -139,7 +139,7 @@ def test_perf_passes_against_its_own_golden(tmp_path, tiny_model, golden_dir):
 def test_extra_expert_read_fails_the_counter_gate(tmp_path, tiny_model, golden_dir):
     cmd = wrapper(tmp_path, """
         # every micro-batch, layer 0 also looks up (and reads on a miss) one expert it was not routed to
-        import engine.pager as P
+        import engine.paging.pager as P
         _fetch = P.Pager.fetch
         def fetch(self, il, experts):
             if il == 0:
@@ -320,9 +320,9 @@ def test_golden_update_with_timing_on_a_busy_machine_warns_and_records_it(tmp_pa
 
 def test_golden_update_refuses_when_a_correctness_check_fails(tmp_path, tiny_model, built_engine, capsys):
     cmd = wrapper(tmp_path, """
-        import engine.kernels as K, engine.model as M
-        good = M._Q8K_KERNELS[K.Q6_K]
-        M._Q8K_KERNELS[K.Q6_K] = lambda w, d, qs, bsums: good(w, d, qs, bsums) * np.float32(1.002)
+        import engine.kernels as K
+        good = K.matmul
+        K.matmul = lambda w, qtype, a: good(w, qtype, a) * np.float32(1.002 if qtype == K.Q6_K else 1.0)
     """)
     gdir = tmp_path / "golden"
     rc = epmci_main(["golden", "update", "-q", "--no-build", "--model", str(tiny_model), "--profile", PROFILE,
@@ -332,6 +332,7 @@ def test_golden_update_refuses_when_a_correctness_check_fails(tmp_path, tiny_mod
     err = capsys.readouterr().err
     assert "refusing to record baselines: 1 correctness check(s) failed" in err
     assert "kernel / L1 E7" in err
+    assert "expert output differs from the reference" in err   # the wrong product, not a crash
     assert not gdir.exists()
 
 

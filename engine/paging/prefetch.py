@@ -24,11 +24,10 @@ from collections import deque
 
 import numpy as np
 
-from . import kernels as K
-from . import ops
-from .gguf_model import GGUFModel
-
-Key = tuple[int, int]
+from .. import kernels as K
+from .. import ops
+from ..gguf_model import GGUFModel
+from .cache_policy import Key
 
 
 class Predictor:
@@ -43,7 +42,8 @@ class Predictor:
     def predict(self, layer: int, x: np.ndarray) -> list[int]:
         norm = self.gm.layer(layer, "ffn_norm").data
         h = ops.rms_norm(np.ascontiguousarray(x, dtype=np.float32), norm, self.eps)
-        logits = K.matmul_f32(self.gm.layer(layer, "ffn_gate_inp").data, h)
+        router = self.gm.layer(layer, "ffn_gate_inp")
+        logits = K.matmul(router.data, router.qtype, h)
         sel = np.argsort(-logits, axis=-1, kind="stable")[:, :self.k]
         return list(dict.fromkeys(sel.ravel().tolist()))
 

@@ -10,7 +10,7 @@ spent waiting.
 * `os.preadv` straight into the destination (an arena slot or a transient buffer): no copy.
 * O_DIRECT when the file offset, the length and the destination address are all
   multiples of 4096 and the file system accepts it (the arena's aligned windows,
-  engine/arena.py); the buffered descriptor otherwise.
+  engine/paging/arena.py); the buffered descriptor otherwise.
 * `fadvise_dontneed`: after each read, POSIX_FADV_DONTNEED on the range just read, so the
   page cache cannot serve the next read of the same expert.
 """
@@ -110,11 +110,6 @@ class ExpertIO:
         for item in batch:
             self._q.put(item)
 
-    def read_now(self, ranges: list[tuple[int, int, memoryview, int]]) -> None:
-        """Synchronous read on the calling thread (tests, tools)."""
-        for r in ranges:
-            self._read(*r)
-
     # ------------------------------------------------------------ workers
 
     def _worker(self) -> None:
@@ -168,10 +163,6 @@ class ExpertIO:
         with self._stats_lock:
             n = self.reads_direct + self.reads_buffered
             return round(100.0 * self.reads_direct / n, 2) if n else 0.0
-
-    def drop_cache(self) -> None:
-        """Drop the whole file from the page cache."""
-        os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
     def close(self) -> None:
         if self._closed:

@@ -1,8 +1,9 @@
 """The expert pager: the ExpertStore of a paged run (see engine/model.py and
 docs/engine-contract.md).
 
-Ties together the arena (engine/arena.py), the cache policy (engine/cache_policy.py), the
-reader pool (engine/expert_io.py) and layer-ahead prefetch (engine/prefetch.py):
+Ties together the arena (arena.py), the cache policy (cache_policy.py), the reader pool
+(expert_io.py) and layer-ahead prefetch (prefetch.py), configured by config.py and
+checked against the RAM budget (budget.py):
 
     begin_layer(L, x)  predict layer L+ahead's experts, issue prefetch reads
     fetch(L, experts)  look the experts up; issue reads for misses; return lazy views
@@ -17,152 +18,19 @@ it is waited for; before a slot is computed from, its read is waited for (io_wai
 
 from __future__ import annotations
 
-import os
 import sys
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 import numpy as np
 
-from .arena import ALIGN, Arena, MiB, layer_layouts, plan_slots, round_up
+from ..gguf_model import GGUFModel, ModelError
+from . import budget
+from .arena import ALIGN, Arena, MiB, layer_layouts, plan_slots
 from .cache_policy import CachePolicy, Decision, Key
+from .config import DEFAULT_ARENA_FRACTION, PagerConfig, read_profile
 from .expert_io import ExpertIO, ReadHandle
-from .gguf_model import GGUFModel, ModelError
 from .prefetch import Predictor, PrefetchQueue
-
-DEFAULT_ARENA_FRACTION = 0.25   # of the model's expert bytes, when no size is given
-EXACT_COUNTERS = ("hits", "misses", "evictions", "ssd_bytes", "io_bytes", "prefetch_issued", "prefetch_used")
-
-
-def _env_int(env, name: str, default: int, lo: int = 0) -> int:
-    v = env.get(name, "")
-    if v.strip() == "":
-        return default
-    try:
-        n = int(v)
-    except ValueError:
-        raise ModelError(f"{name}={v!r}: must be an integer >= {lo}") from None
-    if n < lo:
-        raise ModelError(f"{name}={v!r}: must be an integer >= {lo}")
-    return n
-
-
-def _env_bool(env, name: str, default: bool) -> bool:
-    v = env.get(name, "").strip()
-    if v == "":
-        return default
-    if v not in ("0", "1"):
-        raise ModelError(f"{name}={v!r}: must be 0 or 1")
-    return v == "1"
-
-
-@dataclass
-class PagerConfig:
-    arena_mb: float | None = None          # None: DEFAULT_ARENA_FRACTION of the expert bytes
-    ram_budget_mb: float | None = None     # None: no budget check
-    force_uniform_slot: bool = False
-    admit_min_hits: int = 1
-    hot_pin: int = 0
-    profile_in: str | None = None
-    io_threads: int = 4
-    io_parallel: bool = True
-    fadv_dontneed: bool = False
-    prefetch: bool = True
-    prefetch_layer_ahead: int = 1
-    prefetch_queue: int = 64
-    prefetch_stale_tokens: int = 2
-    direct_io: bool = True                 # read aligned windows with O_DIRECT where possible
-
-    @classmethod
-    def from_env(cls, arena_mb: float | None = None, ram_budget_mb: float | None = None,
-                 prefetch: bool | None = None, env: Mapping[str, str] | None = None) -> "PagerConfig":
-        """CLI values plus the SDQ_* environment (SDQ_ARENA_MB overrides arena_mb;
-        prefetch=False, i.e. --no-prefetch, wins over SDQ_PREFETCH)."""
-        env = os.environ if env is None else env
-        if env.get("SDQ_ARENA_MB", "").strip():
-            v = env["SDQ_ARENA_MB"]
-            try:
-                arena_mb = float(v)
-            except ValueError:
-                raise ModelError(f"SDQ_ARENA_MB={v!r}: must be a number of MiB") from None
-        if arena_mb is not None and not arena_mb > 0:
-            raise ModelError(f"arena size must be positive, got {arena_mb} MiB")
-        if ram_budget_mb is not None and not ram_budget_mb > 0:
-            raise ModelError(f"--ram-budget-mb: must be positive, got {ram_budget_mb}")
-        pf = _env_bool(env, "SDQ_PREFETCH", True)
-        if prefetch is not None:
-            pf = pf and prefetch
-        return cls(
-            arena_mb=arena_mb,
-            ram_budget_mb=ram_budget_mb,
-            force_uniform_slot=_env_bool(env, "SDQ_FORCE_UNIFORM_SLOT", False),
-            admit_min_hits=_env_int(env, "SDQ_ADMIT_MIN_HITS", 1, 1),
-            hot_pin=_env_int(env, "SDQ_HOT_PIN", 0, 0),
-            profile_in=env.get("SDQ_PROFILE_IN") or None,
-            io_threads=_env_int(env, "SDQ_IO_THREADS", 4, 1),
-            io_parallel=_env_bool(env, "SDQ_IO_PARALLEL", True),
-            fadv_dontneed=_env_bool(env, "SDQ_FADV_DONTNEED", False),
-            prefetch=pf,
-            prefetch_layer_ahead=_env_int(env, "SDQ_PREFETCH_LAYER_AHEAD", 1, 0),
-            prefetch_queue=_env_int(env, "SDQ_PREFETCH_QUEUE", 64, 0),
-            prefetch_stale_tokens=_env_int(env, "SDQ_PREFETCH_STALE_TOKENS", 2, 0),
-            direct_io=_env_bool(env, "SDQ_DIRECT_IO", True),
-        )
-
-
-def read_profile(path: str, n_layer: int, n_expert: int) -> list[tuple[Key, int]]:
-    """A --profile-out file: `layer expert count` lines -> [((layer, expert), count)] in
-    the order pins are taken (count descending, then layer, then expert)."""
-    try:
-        lines = open(path).read().splitlines()
-    except OSError as e:
-        raise ModelError(f"SDQ_PROFILE_IN {path}: {e.strerror or e}") from None
-    out = []
-    for i, line in enumerate(lines, 1):
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        try:
-            layer, expert, count = (int(v) for v in line.split())
-        except ValueError:
-            raise ModelError(f"SDQ_PROFILE_IN {path}: line {i}: expected `layer expert count`") from None
-        if not (0 <= layer < n_layer and 0 <= expert < n_expert) or count < 0:
-            raise ModelError(f"SDQ_PROFILE_IN {path}: line {i}: ({layer}, {expert}, {count}) out of range")
-        out.append(((layer, expert), count))
-    out.sort(key=lambda kc: (-kc[1], kc[0][0], kc[0][1]))
-    return out
-
-
-def work_buffer_bytes(gm: GGUFModel, batch: int, n_ctx: int) -> int:
-    """Upper estimate of the forward pass's transient arrays and of the logits a run keeps."""
-    hp = gm.hp
-    b = max(1, batch)
-    per_row = 4 * (hp.n_embd * 24                       # residual, norms, q8 copies, MoE sums
-                   + hp.n_head * hp.head_dim * 6         # q, k, v, attention output
-                   + hp.n_head * n_ctx * 4               # attention probabilities (+ f16 copy)
-                   + hp.n_expert_used * hp.n_embd * 3    # per-slot expert outputs
-                   + hp.n_ff_exp * 8                     # gate, up, swiglu per row
-                   + hp.n_expert * 4                     # router
-                   + hp.n_vocab * 3)                     # the micro-batch's logits
-    kept_logits = 2 * n_ctx * hp.n_vocab * 4             # every position's logits, + concatenation
-    return b * per_row + kept_logits
-
-
-def process_rss_bytes() -> int:
-    """VmRSS of this process (the interpreter, NumPy, numba and what is touched so far)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
-# Compiled kernels are loaded from numba's cache on first use after the budget check;
-# measured on the ci model at ~60 MiB of code and LLVM state. Counted with the runtime.
-JIT_ALLOWANCE = 96 * MiB
 
 
 def slot_error(msg: str) -> RuntimeError:
@@ -245,15 +113,6 @@ class Pager:
 
     # ------------------------------------------------------------ budget / start
 
-    def budget_breakdown(self, kv_bytes: int) -> dict[str, int]:
-        return {
-            "resident weights": self.gm.resident_bytes(),
-            "arena": self.plan.total_bytes,
-            "KV cache": int(kv_bytes),
-            "work buffers": work_buffer_bytes(self.gm, self.batch, self.n_ctx) + self._transient_bytes(),
-            "runtime": process_rss_bytes() + JIT_ALLOWANCE,
-        }
-
     def _transient_bytes(self) -> int:
         """Admission-deferred misses of one layer's micro-batch sit in transient buffers."""
         if self.cfg.admit_min_hits <= 1:
@@ -263,13 +122,9 @@ class Pager:
     def check_budget(self, kv_bytes: int) -> None:
         """Refuse (ModelError) unless everything fits in --ram-budget-mb; then load the pins."""
         if self.cfg.ram_budget_mb is not None:
-            parts = self.budget_breakdown(kv_bytes)
-            total = sum(parts.values())
-            budget = self.cfg.ram_budget_mb * MiB
-            if total > budget:
-                detail = " + ".join(f"{k} {v / MiB:.1f}" for k, v in parts.items())
-                raise ModelError(f"--ram-budget-mb {self.cfg.ram_budget_mb:g}: needs {total / MiB:.1f} MiB "
-                                 f"({detail} MiB)")
+            budget.check(self.cfg.ram_budget_mb,
+                         budget.breakdown(self.gm, self.plan.total_bytes, kv_bytes, self.batch, self.n_ctx,
+                                          self._transient_bytes()))
         self._start()
 
     def _start(self) -> None:
@@ -414,9 +269,8 @@ class Pager:
         if not self._started:
             self._start()
         key = (il, e)
-        pol = self.policy
-        pol.seen[key] = max(pol.seen[key], pol.admit_min_hits - 1)
-        d = pol.lookup(il, [e])[0]
+        self.policy.force_admit(key)
+        d = self.policy.lookup(il, [e])[0]
         if d.slot < 0:
             raise slot_error(f"layer {il} expert {e}: not admitted to a slot")
         if not d.hit:
@@ -460,32 +314,3 @@ class Pager:
         self.io.close()
         self.arena.close()
 
-
-def phase_counters(prev: dict, before: dict, after: dict, phase_tokens: int) -> dict:
-    """A phase's stats fields: `prev` (the phase so far) plus the counters between the
-    snapshots `before` and `after`. Empty snapshots (--no-pager) give zeros."""
-    rec = {}
-    for k in EXACT_COUNTERS:
-        rec[k] = int(prev.get(k, 0)) + int(after.get(k, 0)) - int(before.get(k, 0))
-    lookups = rec["hits"] + rec["misses"]
-    out = {
-        "hit_rate": round(100.0 * rec["hits"] / lookups, 4) if lookups else 0.0,
-        "hits": rec["hits"],
-        "misses": rec["misses"],
-        "evictions": rec["evictions"],
-        "ssd_bytes": rec["ssd_bytes"],
-        "ssd_bytes_per_token": round(rec["ssd_bytes"] / phase_tokens, 3) if phase_tokens else 0.0,
-        "io_bytes": rec["io_bytes"],
-        "n_slots": int(after.get("n_slots", 0)),
-        "n_slots_small": int(after.get("n_slots_small", 0)),
-        "n_slots_large": int(after.get("n_slots_large", 0)),
-        "prefetch_issued": rec["prefetch_issued"],
-        "prefetch_used": rec["prefetch_used"],
-        "prefetch_used_rate": (round(100.0 * rec["prefetch_used"] / rec["prefetch_issued"], 4)
-                               if rec["prefetch_issued"] else 0.0),
-        "io_wait_s": round(float(prev.get("io_wait_s", 0.0)) + float(after.get("io_wait_s", 0.0))
-                           - float(before.get("io_wait_s", 0.0)), 6),
-        "io_direct_pct": float(after.get("io_direct_pct", 0.0)),
-        "arena_mb": after.get("arena_mb", 0.0),
-    }
-    return out

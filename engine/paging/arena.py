@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .gguf_model import EXPERT_PARTS, GGUFModel, ModelError
+from ..gguf_model import EXPERT_PARTS, GGUFModel, ModelError
 
 ALIGN = 4096
 MiB = 1 << 20
@@ -180,10 +180,6 @@ class Arena:
                 pos += size
         self.n_slots = len(self.slot_offset)
         self._views: dict[tuple[int, int], tuple] = {}
-
-    def slot_bytes(self, slot: int) -> np.ndarray:
-        o = self.slot_offset[slot]
-        return self.buf[o:o + self.slot_size[slot]]
 
     def slot_memoryview(self, slot: int, offset_in_slot: int, length: int) -> memoryview:
         o = self.slot_offset[slot] + offset_in_slot

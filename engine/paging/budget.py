@@ -1,0 +1,48 @@
+"""The RAM budget of a paged run (`--ram-budget-mb`, docs/engine-contract.md "RAM
+budget"): everything the run will hold, estimated before anything large is read or
+allocated."""
+
+from __future__ import annotations
+
+from ..gguf_model import GGUFModel, ModelError
+from ..stats import rss_bytes
+from .arena import MiB
+
+# Compiled kernels are loaded from numba's cache on first use after the budget check;
+# measured on the ci model at ~60 MiB of code and LLVM state. Counted with the runtime.
+JIT_ALLOWANCE = 96 * MiB
+
+
+def work_buffer_bytes(gm: GGUFModel, batch: int, n_ctx: int) -> int:
+    """Upper estimate of the forward pass's transient arrays and of the logits a run keeps."""
+    hp = gm.hp
+    b = max(1, batch)
+    per_row = 4 * (hp.n_embd * 24                       # residual, norms, q8 copies, MoE sums
+                   + hp.n_head * hp.head_dim * 6         # q, k, v, attention output
+                   + hp.n_head * n_ctx * 4               # attention probabilities (+ f16 copy)
+                   + hp.n_expert_used * hp.n_embd * 3    # per-slot expert outputs
+                   + hp.n_ff_exp * 8                     # gate, up, swiglu per row
+                   + hp.n_expert * 4                     # router
+                   + hp.n_vocab * 3)                     # the micro-batch's logits
+    kept_logits = 2 * n_ctx * hp.n_vocab * 4             # every position's logits, + concatenation
+    return b * per_row + kept_logits
+
+
+def breakdown(gm: GGUFModel, arena_bytes: int, kv_bytes: int, batch: int, n_ctx: int,
+              transient_bytes: int) -> dict[str, int]:
+    """Bytes per item of the budget, in the order the refusal names them."""
+    return {
+        "resident weights": gm.resident_bytes(),
+        "arena": arena_bytes,
+        "KV cache": int(kv_bytes),
+        "work buffers": work_buffer_bytes(gm, batch, n_ctx) + transient_bytes,
+        "runtime": rss_bytes() + JIT_ALLOWANCE,
+    }
+
+
+def check(budget_mb: float, parts: dict[str, int]) -> None:
+    """ModelError unless the parts fit in budget_mb MiB."""
+    total = sum(parts.values())
+    if total > budget_mb * MiB:
+        detail = " + ".join(f"{k} {v / MiB:.1f}" for k, v in parts.items())
+        raise ModelError(f"--ram-budget-mb {budget_mb:g}: needs {total / MiB:.1f} MiB ({detail} MiB)")
