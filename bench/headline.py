@@ -32,6 +32,9 @@ from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from epmci.contract.process import drop_page_cache  # noqa: E402
 PROMPT = "Write a short paragraph about how mixture-of-experts models route tokens."
 
 LLAMA_SCRIPT = textwrap.dedent("""
@@ -74,15 +77,6 @@ class MemoryCap:
 
     def close(self) -> None:
         self.path.rmdir()
-
-
-def drop_page_cache(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def run_capped(cap: MemoryCap, cmd: list[str], timeout: float, env: dict[str, str] | None = None,

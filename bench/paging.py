@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -39,19 +38,12 @@ from engine.paging.arena import MiB  # noqa: E402
 from engine.paging.cache_policy import simulate_belady  # noqa: E402
 from engine.paging.config import PagerConfig  # noqa: E402
 from engine.runtime import Engine, Options  # noqa: E402
-from epmci.contract_io import STATS_TIMING_FIELDS  # noqa: E402
+from epmci.contract.outputs import STATS_TIMING_FIELDS  # noqa: E402
+from epmci.contract.process import drop_page_cache  # noqa: E402
 from epmci.synth.store import make_model  # noqa: E402
 
 PROMPT = "Write a short paragraph about how mixture-of-experts models route tokens."
 BATCH = 8
-
-
-def drop_page_cache(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def one_run(model: str, arena_mb: float | None, env: dict, threads: int, n_predict: int,
@@ -107,9 +99,9 @@ def main() -> int:
     settings = []
     for i, f in enumerate(fracs):
         mb = round(expert_mib * f, 2)
-        settings.append((f"baseline", f, mb, {}))
-        settings.append((f"prefetch=off", f, mb, {"SDQ_PREFETCH": "0"}))
-        settings.append((f"io-parallel=off", f, mb, {"SDQ_IO_PARALLEL": "0"}))
+        settings.append(("baseline", f, mb, {}))
+        settings.append(("prefetch=off", f, mb, {"SDQ_PREFETCH": "0"}))
+        settings.append(("io-parallel=off", f, mb, {"SDQ_IO_PARALLEL": "0"}))
         if i == 0:
             settings.append(("uniform slots", f, mb, {"SDQ_FORCE_UNIFORM_SLOT": "1"}))
             settings.append(("same-layer prefetch", f, mb, {"SDQ_PREFETCH_LAYER_AHEAD": "0"}))

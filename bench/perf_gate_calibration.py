@@ -3,8 +3,8 @@
 
     python bench/perf_gate_calibration.py [--trials 8] [--slowdowns 0.10,0.05] [--out results/]
 
-Runs the paired machinery of `epmci check --perf-base` (epmci.perf_base.run_abab +
-epmci.stats.compare_paired, with the perf settings and thresholds of epmci.yaml) repeatedly:
+Runs the paired machinery of `epmci check --perf-base` (epmci.perf.abba.run_abab +
+epmci.compare.stats.compare_paired, with the perf settings and thresholds of epmci.yaml) repeatedly:
 
 - unchanged: base and head are the same bundled engine -- every DIFFERENT verdict is a false
   alarm (only a DIFFERENT with ratio < 1 fails the gate);
@@ -38,14 +38,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from epmci.check.context import ModelFacts, mib  # noqa: E402
-from epmci.check.runner import resolve_model  # noqa: E402
+from epmci.compare.stats import DIFFERENT, SAME, UNKNOWN, per_look_alpha  # noqa: E402
 from epmci.config import load_config, parse_set  # noqa: E402
-from epmci.engine_runner import EngineCommand  # noqa: E402
+from epmci.config.experiments import EXPERIMENTS  # noqa: E402
+from epmci.contract.process import EngineCommand  # noqa: E402
+from epmci.gguf.facts import ModelFacts  # noqa: E402
 from epmci.gguf.file import ModelFile  # noqa: E402
-from epmci.bench import EXPERIMENTS  # noqa: E402
-from epmci.perf_base import Side, run_abab  # noqa: E402
-from epmci.stats import DIFFERENT, SAME, UNKNOWN, per_look_alpha  # noqa: E402
+from epmci.perf.abba import Side, run_abab  # noqa: E402
+from epmci.synth.store import resolve_model  # noqa: E402
 
 SLOW_WRAPPER = """
 import sys, time
@@ -91,8 +91,7 @@ def main() -> int:
     facts = ModelFacts.of(ModelFile(model), cfg.run.slot_align)
     fixed = {"n_predict": pc.base_n_predict, "ctx": pc.ctx, "batch": pc.batch, "threads": cfg.engine.threads,
              "arena_fraction": pc.arena_fraction, "ram_budget_mb": pc.ram_budget_mb}
-    spec = EXPERIMENTS[pc.scenarios[0]].spec(pc.prompts[0], fixed, facts.total_expert_bytes(), None,
-                                             lambda b, u: mib(facts.min_arena_bytes(b, u)))
+    spec = EXPERIMENTS[pc.scenarios[0]].spec(pc.prompts[0], fixed, facts)
     bundled = EngineCommand.from_setting(None)
     slowdowns = [float(x) for x in a.slowdowns.split(",") if x.strip()]
     out_dir = Path(a.out)

@@ -1,7 +1,12 @@
 """Shared fixtures: the synthetic models, made once per machine into the model cache
-(the cache's file lock makes parallel xdist workers wait rather than race)."""
+(the cache's file lock makes parallel xdist workers wait rather than race), and the bundled
+engine built once per test run."""
 
 from __future__ import annotations
+
+import fcntl
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -16,3 +21,17 @@ def tiny_model():
 @pytest.fixture(scope="session")
 def ci_model():
     return make_model("ci")
+
+
+@pytest.fixture(scope="session")
+def built_engine(tiny_model, tmp_path_factory):
+    """Compile the bundled engine's kernels once (broken copies of the engine are external
+    engines, which `epmci check` does not build); workers take turns on a lock."""
+    from epmci.contract.build import build_engine
+    from epmci.contract.process import EngineCommand
+    with open(Path(tempfile.gettempdir()) / "epmci-test-build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        r = build_engine(EngineCommand.from_setting(None), tiny_model, 4.0, build_cmd=None,
+                         build_timeout=900.0, run_timeout=300.0, workdir=tmp_path_factory.mktemp("build"))
+    assert r.ok, (r.message, r.stderr_tail)
+    return r

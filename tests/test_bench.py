@@ -13,10 +13,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from epmci import bench as B
-from epmci import measure as M
 from epmci.cli import main as epmci_main
-from epmci.engine_runner import EngineCommand
+from epmci.compare.counters import counter_changes, io_diagnosis
+from epmci.compare.logits import drift
+from epmci.config import experiments as X
+from epmci.contract.process import EngineCommand
+from epmci.contract.runspec import RunSpec
+from epmci.gguf.facts import ModelFacts
+from epmci.perf import bench as B
+from epmci.perf import measure as M
 from epmci.errors import InputError
 
 # A stand-in engine speaking docs/engine-contract.md: 3 prompt tokens, n generated, logits
@@ -57,28 +62,32 @@ def fake_engine(tmp_path, monkeypatch):
     return EngineCommand((sys.executable, str(script)), False), log
 
 
-def test_suites_are_data():
-    assert set(B.SUITES) == {"quick", "io", "cache", "slot", "arena", "pf"}
-    for names in B.SUITES.values():
-        assert names[0] == "baseline" and all(n in B.EXPERIMENTS for n in names)
-    every = [e.name for e in B.select("all")]
+def test_matrices_are_data():
+    assert set(X.MATRICES) == {"quick", "io", "cache", "slot", "arena", "pf"}
+    for names in X.MATRICES.values():
+        assert names[0] == "baseline" and all(n in X.EXPERIMENTS for n in names)
+    every = [e.name for e in X.select("all")]
     assert len(every) == len(set(every)) and every.count("baseline") == 1
-    assert [e.name for e in B.select("io", "io-threads=2,parallel")] == ["io-threads=2", "io-parallel=off"]
+    assert [e.name for e in X.select("io", "io-threads=2,parallel")] == ["io-threads=2", "io-parallel=off"]
     with pytest.raises(InputError):
-        B.select("nosuch")
+        X.select("nosuch")
     with pytest.raises(InputError):
-        B.select("slot", "zzz")
+        X.select("slot", "zzz")
 
 
 def test_experiment_spec_overrides_and_minimum_arena():
-    fixed = dict(B.FIXED)
-    s = B.EXPERIMENTS["prefetch=off"].spec("p", fixed, 100 << 20)
+    fixed = dict(X.FIXED)
+    # 100 experts of 1 MiB (100 MiB); one slot class of 1.25 MiB, top-2: -b 8 needs 16 slots = 20 MiB
+    mib = 1 << 20
+    facts = ModelFacts(1, 100, 2, 256, [("Q4_K", "Q4_K", "Q5_K")], [mib], [mib + mib // 4])
+    s = X.EXPERIMENTS["prefetch=off"].spec("p", fixed, facts)
     assert s.arena_mb == pytest.approx(25.0) and not s.prefetch and s.ram_budget_mb == 1024.0
-    s = B.EXPERIMENTS["arena=15%"].spec("p", fixed, 100 << 20, min_arena_mb=lambda b, u: 20.0)
-    assert s.arena_mb == 20.0                                  # raised to the engine's minimum
-    s = B.EXPERIMENTS["hot-pin=64"].spec("p", fixed, 100 << 20, routing_profile="/x/routing")
+    s = X.EXPERIMENTS["arena=15%"].spec("p", fixed, facts)
+    assert s.arena_mb == pytest.approx(20.0, abs=2e-6)        # raised to the engine's minimum
+    assert int(s.arena_mb * mib) >= 20 * mib
+    s = X.EXPERIMENTS["hot-pin=64"].spec("p", fixed, facts, routing_profile="/x/routing")
     assert s.env == {"SDQ_HOT_PIN": "64", "SDQ_PROFILE_IN": "/x/routing"}
-    assert B.EXPERIMENTS["hot-pin=64"].needs_routing_profile
+    assert X.EXPERIMENTS["hot-pin=64"].needs_routing_profile
     args = s.args("/m.gguf", Path("/o"))
     assert args[args.index("--ram-budget-mb") + 1] == "1024"
     assert "--dump-logits" in args and "--stats-file" in args and "--temp" in args
@@ -88,7 +97,7 @@ def test_measure_reads_kpis_and_fingerprint(fake_engine, tmp_path, monkeypatch):
     engine, log = fake_engine
     dropped = []
     monkeypatch.setattr(M, "drop_page_cache", lambda p: dropped.append(str(p)))
-    spec = M.RunSpec("hello", n_predict=4, arena_mb=2.0, ram_budget_mb=512)
+    spec = RunSpec("hello", n_predict=4, arena_mb=2.0, ram_budget_mb=512)
     m = M.measure(engine, tmp_path / "model.gguf", spec, tmp_path / "out", timeout=60, keep_rows=2)
     assert m.ok, m.failure
     assert dropped == [str(tmp_path / "model.gguf")]            # page cache dropped before the run
@@ -105,36 +114,37 @@ def test_measure_reads_kpis_and_fingerprint(fake_engine, tmp_path, monkeypatch):
 
 def test_measure_failure_is_data(tmp_path):
     engine = EngineCommand((sys.executable, "-c", "import sys; print('epm-engine: error: x: bad', file=sys.stderr); sys.exit(2)"), False)
-    m = M.measure(engine, tmp_path / "m.gguf", M.RunSpec("p"), tmp_path / "o", timeout=30, drop_cache=False)
+    m = M.measure(engine, tmp_path / "m.gguf", RunSpec("p"), tmp_path / "o", timeout=30, drop_cache=False)
     assert not m.ok and "exit 2" in m.failure and "bad" in m.failure
 
 
 def test_counter_changes_and_io_diagnosis():
     g = {"decode": {"tokens": 15, "hits": 90, "misses": 30, "ssd_bytes_per_token": 100.0, "n_slots": 8}}
     c = {"decode": {"tokens": 15, "hits": 88, "misses": 32, "ssd_bytes_per_token": 110.0, "n_slots": 9}}
-    kinds = {ch.key: ch.kind for ch in M.counter_changes(g, c)}
+    kinds = {ch.key: ch.kind for ch in counter_changes(g, c)}
     assert kinds == {"decode.hits": "worse", "decode.misses": "worse", "decode.ssd_bytes_per_token": "worse",
                      "decode.n_slots": "changed"}
-    kinds = {ch.key: ch.kind for ch in M.counter_changes(c, g)}
+    kinds = {ch.key: ch.kind for ch in counter_changes(c, g)}
     assert kinds["decode.misses"] == "better" and kinds["decode.n_slots"] == "changed"
-    io, text = M.io_diagnosis(g["decode"], c["decode"])
+    io, text = io_diagnosis(g["decode"], c["decode"])
     assert io and "I/O regression" in text and "+10.0%" in text
-    io, text = M.io_diagnosis(g["decode"], dict(g["decode"]))
+    io, text = io_diagnosis(g["decode"], dict(g["decode"]))
     assert not io and "compute, or noise" in text
 
 
 def test_drift_measures_kl_and_top1():
     rng = np.random.default_rng(0)
     a = rng.standard_normal((4, 50)).astype(np.float32)
-    d = M.drift(a, a.copy())
-    assert d.kl_max == 0 and d.top1_agree == 4 and d.first_row_differ is None
+    d = drift(a, a.copy())
+    assert d.max_kl == 0 and d.argmax_agree == 4 and d.first_row_differ is None
     b = np.nextafter(a, np.float32(np.inf))
-    d = M.drift(a, b)
-    assert 0 <= d.kl_max < 1e-10 and d.top1_agree == 4 and d.first_row_differ == 0
+    d = drift(a, b)
+    assert 0 <= d.max_kl < 1e-10 and d.argmax_agree == 4 and d.first_row_differ == 0
     c = a.copy()
     c[2] = -c[2]
-    d = M.drift(a, c)
-    assert d.kl_max > 0.1 and d.top1_agree < 4 and "KL(golden||current)" in d.text()
+    d = drift(a, c)
+    assert d.max_kl > 0.1 and d.argmax_agree < 4 and "KL(golden||current)" in d.drift_text()
+    assert drift(a[:0], a).drift_text() == "no logits rows to compare"
 
 
 def test_markdown_deltas_and_flags():
@@ -144,7 +154,7 @@ def test_markdown_deltas_and_flags():
     other = dict(base, name="prefetch=off", tok_s=12.0, hit_rate=25.0, evictions=300, outputs_match_baseline=False,
                  read_mib_per_token=7.35, other_cpu_pct_max=48.0)
     broken = {"name": "admit=2", "error": "engine crashed (exit 1): boom"}
-    md = B.to_markdown({"results": [base, other, broken], "baseline": "baseline", "fixed": B.FIXED,
+    md = B.to_markdown({"results": [base, other, broken], "baseline": "baseline", "fixed": X.FIXED,
                         "prompts": ["a", "b"], "repeat": 3})
     lines = md.splitlines()
     row = next(l for l in lines if l.startswith("| prefetch=off"))

@@ -9,27 +9,12 @@ import sys
 import textwrap
 from pathlib import Path
 
-import pytest
 from lxml import etree
 
 from epmci.cli import main as epmci_main
 
 REPO = Path(__file__).resolve().parent.parent
 XSD = Path(__file__).parent / "data" / "junit-10.xsd"
-
-
-@pytest.fixture(scope="session")
-def built_engine(tiny_model, tmp_path_factory):
-    import fcntl
-    import tempfile
-
-    from epmci.build import build_engine
-    from epmci.config import CheckConfig
-    with open(Path(tempfile.gettempdir()) / "epmci-test-build.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        r = build_engine(CheckConfig(), tiny_model, 4.0, tmp_path_factory.mktemp("build"))
-    assert r.status == "pass", (r.message, r.stderr_tail)
-    return r
 
 
 def validate_junit(path: Path) -> etree._Element:

@@ -21,22 +21,6 @@ from epmci.cli import main as epmci_main
 pytestmark = pytest.mark.usefixtures("built_engine")
 
 
-@pytest.fixture(scope="session")
-def built_engine(tiny_model, tmp_path_factory):
-    """Compile the bundled engine's kernels once (the broken copies are external engines,
-    which `epmci check` does not build); workers take turns on a lock."""
-    import fcntl
-    import tempfile
-    from pathlib import Path
-
-    from epmci.build import build_engine
-    from epmci.config import CheckConfig
-    with open(Path(tempfile.gettempdir()) / "epmci-test-build.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        r = build_engine(CheckConfig(), tiny_model, 4.0, tmp_path_factory.mktemp("build"))
-    assert r.status == "pass", (r.message, r.stderr_tail)
-    return r
-
 HEADER = "import sys, time\nimport numpy as np\nimport engine.cli\n"
 FOOTER = "\nsys.exit(engine.cli.main())\n"
 

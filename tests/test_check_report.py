@@ -11,11 +11,12 @@ import pytest
 from lxml import etree
 
 from epmci import report as rep
-from epmci.check.compare import compare_arrays, compare_logits, logits_verdict
 from epmci.check.result import CheckReport, CheckResult, SuiteInfo
-from epmci.config import CheckConfig, Tolerance, find_config, load_config, parse_set
-from epmci.contract_io import (ContractError, read_logits, read_moe_dump, read_selftest, read_stats,
-                               slot_errors, stats_counters)
+from epmci.compare.arrays import Tolerance, compare_arrays
+from epmci.compare.logits import compare_logits, logits_verdict
+from epmci.config import CheckConfig, find_config, load_config, parse_set
+from epmci.contract.outputs import (ContractError, read_logits, read_moe_dump, read_selftest, read_stats,
+                               slot_errors, counters_of)
 from epmci.errors import InputError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -178,7 +179,7 @@ def test_readers_reject_malformed_files(tmp_path):
     with pytest.raises(ContractError, match="line 2"):
         read_stats(p)
     p.write_text('{"phase": "prefill", "tokens": 3, "seconds": 1.0, "hits": 2}\n')
-    assert stats_counters(read_stats(p)) == {"prefill.tokens": 3, "prefill.hits": 2}
+    assert counters_of(read_stats(p)) == {"prefill": {"tokens": 3, "hits": 2}}
     assert slot_errors("x\n[epm] SLOT-ERROR slot 1 bad\n") == ["[epm] SLOT-ERROR slot 1 bad"]
 
 
@@ -193,6 +194,13 @@ def test_repo_config_is_found_and_equals_the_defaults(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     if find_config() is None:
         assert load_config().source == "<defaults>"
+
+
+def test_suite_registry_and_setting_names_agree():
+    """The suites the settings accept are exactly the registered ones, in report order."""
+    from epmci.check.suites import SUITES
+    from epmci.config.schema import SUITE_NAMES
+    assert tuple(SUITES) == SUITE_NAMES == tuple(CheckConfig().suites)
 
 
 def test_config_overrides_and_errors(tmp_path):
@@ -225,7 +233,6 @@ def test_runner_plugs_in_a_suite_and_fails_closed(monkeypatch, tiny_model, tmp_p
     returns nothing is an `error`, and every renderer handles it."""
     import time as _time
 
-    from epmci import config as config_mod
     from epmci.check import runner, suites
     from epmci.check.suites.base import Task
 
@@ -246,7 +253,6 @@ def test_runner_plugs_in_a_suite_and_fails_closed(monkeypatch, tiny_model, tmp_p
                     CheckResult("perf", "drift", "skip", "skipped by --no-perf")]
 
     monkeypatch.setitem(suites.SUITES, "perf", FakePerf())
-    monkeypatch.setattr(config_mod, "SUITE_NAMES", (*config_mod.SUITE_NAMES, "perf"))
     cfg = load_config(search=False, overrides={"model": str(tiny_model), "suites": ["perf"],
                                                "run": {"jobs": 3}})
     seen = []

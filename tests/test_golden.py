@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import yaml
 
-from epmci import golden as G
+from epmci.perf import golden as G
 from epmci.cli import main as epmci_main
 from epmci.errors import InputError
 
@@ -131,7 +131,7 @@ def test_golden_show_corrupt_file_exits_2_with_one_line(tmp_path, capsys, conten
 
 @pytest.mark.parametrize("content", ["profile: [broken\n", "schema: 2\nkind: epmci-golden\n"])
 def test_check_with_corrupt_golden_exits_2(tmp_path, tiny_model, capsys, content):
-    from epmci.golden import model_identity
+    from epmci.gguf.identity import model_identity
     gdir = tmp_path / "golden"
     f = gdir / "t" / f"{model_identity(tiny_model)['id']}.yaml"
     f.parent.mkdir(parents=True)

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from epmci import machine
+from epmci.perf import machine
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="needs /proc/stat")
 

@@ -459,7 +459,7 @@ def test_expert_io_direct_when_aligned_else_buffered(tmp_path):
 ])
 def test_part_window_rule(offset, stride, n_expert, file_size, direct, want):
     from engine.paging.arena import part_window
-    from epmci.check.context import slot_part_bytes
+    from epmci.gguf.facts import slot_part_bytes
     assert part_window(offset, stride, n_expert, file_size, direct) == want
     # epmci's model of the rule (for the minimum arena) agrees with the engine's
     assert slot_part_bytes(offset, stride, n_expert, file_size, 4096, direct) == -(-want[1] // 4096) * 4096
@@ -473,7 +473,7 @@ def test_epmci_minimum_arena_equals_the_engines(ci, direct, uniform):
     are refused or stop stressing."""
     from engine.paging.arena import layer_layouts, plan_slots
     from engine.gguf_model import GGUFModel
-    from epmci.check.context import ModelFacts
+    from epmci.gguf.facts import ModelFacts
     gm = GGUFModel(ci)
     plan = plan_slots(layer_layouts(gm, direct), gm.hp.n_expert, gm.hp.n_expert_used, 2, 1 << 40, uniform)
     facts = ModelFacts.of(ModelFile(ci), 4096, windows=direct)

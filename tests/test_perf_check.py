@@ -22,7 +22,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import tempfile
 import textwrap
 from pathlib import Path
 
@@ -30,23 +29,13 @@ import pytest
 import yaml
 
 from epmci.cli import main as epmci_main
-from epmci.golden import dump_yaml, model_identity
+from epmci.gguf.identity import model_identity
+from epmci.perf.golden import dump_yaml
 
 REPO = Path(__file__).resolve().parent.parent
 PROFILE = "t"
 # cheap settings for the tiny model
 SETTINGS = ["--set", "perf.n_predict=8"]
-
-
-@pytest.fixture(scope="session")
-def built_engine(tiny_model, tmp_path_factory):
-    from epmci.build import build_engine
-    from epmci.config import CheckConfig
-    with open(Path(tempfile.gettempdir()) / "epmci-test-build.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        r = build_engine(CheckConfig(), tiny_model, 4.0, tmp_path_factory.mktemp("build"))
-    assert r.status == "pass", (r.message, r.stderr_tail)
-    return r
 
 
 @pytest.fixture(scope="session")
@@ -213,7 +202,7 @@ def test_busy_machine_is_named_in_the_timing_verdict_and_in_golden_show(tmp_path
                                                                         monkeypatch, capsys):
     """A timing taken while other processes had the CPU measured them too: the verdict says
     so, and a golden recorded that way says so when shown."""
-    import epmci.measure as M
+    import epmci.perf.measure as M
 
     class Busy:
         def __enter__(self):
@@ -289,7 +278,7 @@ def test_missing_baseline_is_a_visible_skip(tmp_path, tiny_model, built_engine):
 
 def test_golden_update_with_timing_on_a_busy_machine_warns_and_records_it(tmp_path, tiny_model, built_engine,
                                                                           monkeypatch, capsys):
-    import epmci.measure as M
+    import epmci.perf.measure as M
     # measure() calls in order: prompt 2 (not timed), prompt 1 (the first timed sample),
     # timed runs 2 and 3
     shares = iter([50.0, 5.0, 35.0, 12.0])

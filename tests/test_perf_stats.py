@@ -1,4 +1,4 @@
-"""epmci.stats: Mann-Whitney U against known values (and scipy when it is installed), the
+"""epmci.compare.stats: Mann-Whitney U against known values (and scipy when it is installed), the
 sign test, and the verdict rules of the unpaired and the paired comparison."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from epmci.stats import (DIFFERENT, SAME, UNKNOWN, bootstrap_ci, compare_paired, compare_samples,
+from epmci.compare.stats import (DIFFERENT, SAME, UNKNOWN, bootstrap_ci, compare_paired, compare_samples,
                          mann_whitney_u, sign_test_p, wilcoxon_signed_rank_p)
 
 
@@ -118,7 +118,7 @@ def test_wilcoxon_matches_scipy(n):
 
 
 def test_alpha_is_split_over_the_looks_of_a_sequential_comparison():
-    from epmci.stats import per_look_alpha, smallest_p
+    from epmci.compare.stats import per_look_alpha, smallest_p
     # --perf-base defaults: verdicts at 8, 10 and 12 pairs
     assert per_look_alpha(0.05, 8, 12) == pytest.approx(0.05 / 3)
     assert per_look_alpha(0.05, 12, 12) == pytest.approx(0.05)

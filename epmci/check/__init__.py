@@ -1,8 +1,6 @@
-"""`epmci check` as a library: run_check(config) -> CheckReport (see epmci.report to render)."""
-
-from __future__ import annotations
+"""`epmci check`: the result model, the context every suite gets, the runner and the suites."""
 
 from .result import CheckReport, CheckResult, SuiteInfo
-from .runner import resolve_model, run_check
+from .runner import run_check
 
-__all__ = ["CheckReport", "CheckResult", "SuiteInfo", "run_check", "resolve_model"]
+__all__ = ["CheckReport", "CheckResult", "SuiteInfo", "run_check"]

@@ -12,10 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import Tolerance
-from ..contract_io import ContractError, read_moe_dump
+from ..compare.arrays import Tolerance, compare_arrays
+from ..contract.outputs import ContractError, read_moe_dump
 from ..reference.moe import moe_layer
-from .compare import compare_arrays
 from .context import CheckContext
 from .result import FAIL, PASS, CheckResult
 

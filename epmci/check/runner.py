@@ -18,36 +18,35 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Callable
 
-from ..config import CheckConfig
-from ..engine_runner import EngineCommand
+from ..config.schema import CheckConfig
+from ..contract.build import BuildResult, build_engine
+from ..contract.process import EngineCommand
 from ..errors import InputError
+from ..gguf.facts import ModelFacts
 from ..gguf.file import ModelFile
+from ..perf.machine import cpu_count
 from ..synth.presets import PRESETS
-from .context import CheckContext
-from .result import ERROR, CheckReport, CheckResult, SuiteInfo
+from ..synth.store import cached_model_path, resolve_model
+from .context import CheckContext, auto_arena_mb
+from .result import ERROR, PASS, CheckReport, CheckResult, SuiteInfo
 from .suites import SUITES
 from .suites.base import Task
 
 Progress = Callable[[CheckResult], None]
+BUILD_BATCH = 2          # the warm-up runs' -b (epmci.contract.bundled.warm_up_runs)
 
 
-def resolve_model(model: str) -> Path:
-    """A preset name (made on first use into the model cache) or a path to a GGUF."""
-    p = Path(model).expanduser()
-    if model in PRESETS and not p.exists():
-        from ..synth.store import make_model
-        return make_model(model)
-    if not p.exists():
-        raise InputError(model, "no such model file (and not a preset: "
-                                f"{', '.join(PRESETS)})")
-    return p.resolve()
+def build_for_check(cfg: CheckConfig, engine: EngineCommand, model_path: Path, facts: ModelFacts,
+          workdir: Path | None = None) -> BuildResult:
+    """Build the engine the check will run, warming it up on the check's model."""
+    return build_engine(engine, model_path, auto_arena_mb(cfg, facts, BUILD_BATCH), build_cmd=cfg.engine.build_cmd,
+                        build_timeout=cfg.engine.build_timeout_s, run_timeout=cfg.engine.timeout_s, workdir=workdir)
 
 
-def cpu_count() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+def build_result(b: BuildResult) -> CheckResult:
+    """The build as the first result of a check: an error when it failed (exit 2)."""
+    return CheckResult("build", b.name, PASS if b.ok else ERROR, b.message, b.props, b.seconds,
+                       b.stderr_tail, b.details)
 
 
 def run_check(cfg: CheckConfig, progress: Progress | None = None, *, build: bool = True,
@@ -69,7 +68,6 @@ def run_check(cfg: CheckConfig, progress: Progress | None = None, *, build: bool
 
     try:
         if cfg.model in PRESETS and not Path(cfg.model).exists():
-            from ..synth.store import cached_model_path
             if not cached_model_path(cfg.model).exists():
                 say(f"making the {cfg.model!r} preset model (first use) ...")
         model_path = resolve_model(cfg.model)
@@ -103,12 +101,11 @@ def run_check(cfg: CheckConfig, progress: Progress | None = None, *, build: bool
 
         if build:
             say(f"building {engine.describe()} ...")
-            from ..build import build_engine
-            b = build_engine(cfg, model_path, ctx.auto_arena_mb(2), wd)
+            b = build_for_check(cfg, engine, model_path, ctx.facts, wd)
             report.suites.append(SuiteInfo("build", "engine build"))
             report.meta["build_seconds"] = round(b.seconds, 3)
-            emit(b)
-            if b.status != "pass":
+            emit(build_result(b))
+            if not b.ok:
                 report.tool_error = f"engine build failed: {b.message}"
                 return done()
         report.suites += suites

@@ -25,6 +25,17 @@ def cached_model_path(preset: str, seed: int = DEFAULT_SEED) -> Path:
     return cache_dir() / "models" / f"{preset}-seed{seed}-gen{GENERATOR_VERSION}.gguf"
 
 
+def resolve_model(model: str) -> Path:
+    """A preset name (made on first use into the model cache) or a path to a GGUF."""
+    p = Path(model).expanduser()
+    if model in PRESETS and not p.exists():
+        return make_model(model)
+    if not p.exists():
+        raise InputError(model, "no such model file (and not a preset: "
+                                f"{', '.join(PRESETS)})")
+    return p.resolve()
+
+
 def make_model(preset: str, seed: int = DEFAULT_SEED, out: str | os.PathLike | None = None) -> Path:
     """Return the model for (preset, seed), making it if needed.
 

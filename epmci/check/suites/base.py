@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
+from ...contract.process import EngineRun
 from ..context import CheckContext
 from ..result import FAIL, CheckResult
-from ...engine_runner import EngineRun
 
 
 @dataclass
@@ -33,9 +33,13 @@ class Suite(Protocol):
     def plan(self, ctx: CheckContext) -> list[Task | CheckResult]: ...
 
 
-def run_failed(suite: str, names: list[str], run: EngineRun, what: str = "") -> list[CheckResult]:
-    """Every result that depended on a failed engine run fails with the run's reason."""
-    reason = run.failure() or "engine run failed"
+def run_failed(suite: str, names: list[str], run: EngineRun | None, what: str = "",
+               reason: str | None = None) -> list[CheckResult]:
+    """Every result that depended on a failed engine run fails with the run's reason (or
+    `reason`, e.g. its output was unusable)."""
+    reason = reason or (run.failure() if run else None) or "engine run failed"
+    if run is None:
+        return [CheckResult(suite, n, FAIL, f"{what}{reason}") for n in names]
     props = {"returncode": run.returncode, "timed_out": run.timed_out, "run_seconds": round(run.seconds, 3)}
     return [CheckResult(suite, n, FAIL, f"{what}{reason}", dict(props), run.seconds,
                         run.stderr_tail(), f"command: {run.command_line()}") for n in names]

@@ -12,22 +12,16 @@ from __future__ import annotations
 
 import time
 
-from ...contract_io import ContractError, read_logits, read_stats, stats_counters
-from ...engine_runner import drop_page_cache
-from ..compare import compare_logits
+from ...compare.counters import counter_changes, n_counters
+from ...compare.logits import compare_logits
+from ...contract.outputs import ContractError, counters_of, read_logits, read_stats
+from ...contract.process import drop_page_cache
+from ...contract.runspec import LOGITS_FILE, STATS_FILE
 from ..context import CheckContext
 from ..result import FAIL, PASS, CheckResult
 from .base import Task, run_failed
 
 NAME = "determinism"
-
-
-def counter_diff(a: dict, b: dict) -> list[str]:
-    out = []
-    for k in sorted(set(a) | set(b)):
-        if a.get(k, "<missing>") != b.get(k, "<missing>"):
-            out.append(f"{k} {a.get(k, '<missing>')} vs {b.get(k, '<missing>')}")
-    return out
 
 
 class DeterminismSuite:
@@ -42,13 +36,12 @@ class DeterminismSuite:
     def check(self, ctx: CheckContext, names: list[str]) -> list[CheckResult]:
         prompt, n = ctx.cfg.prompts.determinism, ctx.cfg.run.n_predict
         d = {k: ctx.dir(f"determinism-{k}") for k in ("first", "cold", "threads")}
-        first = ctx.run("determinism first", ctx.engine_args(prompt, d["first"], n_predict=n))
+        first = ctx.run("determinism first", ctx.spec(prompt, n_predict=n), d["first"])
         if not first.ok:
             return run_failed(NAME, names, first, "first run: ")
         dropped = drop_page_cache(ctx.model_path)
-        cold = ctx.run("determinism cold", ctx.engine_args(prompt, d["cold"], n_predict=n))
-        other = ctx.run("determinism threads",
-                        ctx.engine_args(prompt, d["threads"], n_predict=n, threads=ctx.threads_alt))
+        cold = ctx.run("determinism cold", ctx.spec(prompt, n_predict=n), d["cold"])
+        other = ctx.run("determinism threads", ctx.spec(prompt, n_predict=n, threads=ctx.threads_alt), d["threads"])
         results = []
         for name, run, key, what in ((names[0], cold, "cold", "after the page cache was dropped"),
                                      (names[1], other, "threads", f"with -t {ctx.threads_alt}")):
@@ -66,12 +59,12 @@ class DeterminismSuite:
         tail = b.stderr_tail()
         details = f"first: {a.command_line()}\nsecond: {b.command_line()}"
         try:
-            la, lb = read_logits(da / "logits.bin"), read_logits(db / "logits.bin")
-            ca, cb = stats_counters(read_stats(da / "stats.jsonl")), stats_counters(read_stats(db / "stats.jsonl"))
+            la, lb = read_logits(da / LOGITS_FILE), read_logits(db / LOGITS_FILE)
+            ca, cb = counters_of(read_stats(da / STATS_FILE)), counters_of(read_stats(db / STATS_FILE))
         except ContractError as e:
             return CheckResult(NAME, name, FAIL, f"output unusable: {e}", props, secs, tail, details)
         diff = compare_logits(la, lb)
-        props = {**props, **diff.props(), "counters": len(ca)}
+        props = {**props, **diff.props(), "counters": n_counters(ca)}
         problems = []
         if la.shape[0] == 0:
             problems.append("no logits to compare")
@@ -79,8 +72,8 @@ class DeterminismSuite:
             problems.append(f"logits not byte-identical {what}: {diff.text()}")
         if a.stdout != b.stdout:
             problems.append(f"generated text differs {what}")
-        cd = counter_diff(ca, cb)
-        if not ca:
+        cd = [c.text("vs") for c in counter_changes(ca, cb)]
+        if not n_counters(ca):
             problems.append("stats have no counters to compare")
         if cd:
             props["counters_differ"] = cd
@@ -88,7 +81,7 @@ class DeterminismSuite:
         secs += time.perf_counter() - t0
         if problems:
             return CheckResult(NAME, name, FAIL, "; ".join(problems), props, secs, tail, details)
-        return CheckResult(NAME, name, PASS, f"{diff.text()}, text equal, {len(ca)} counters identical {what}",
+        return CheckResult(NAME, name, PASS, f"{diff.text()}, text equal, {n_counters(ca)} counters identical {what}",
                            props, secs, tail, details)
 
 

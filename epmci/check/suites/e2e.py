@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import time
 
-from ...contract_io import ContractError, read_logits, read_stats
-from ..compare import compare_logits, logits_verdict
+from ...compare.logits import compare_logits, logits_verdict
+from ...contract.outputs import ContractError, read_logits, read_stats
+from ...contract.runspec import LOGITS_FILE, STATS_FILE
 from ..context import CheckContext
 from ..result import FAIL, PASS, SKIP, CheckResult
 from .base import Task, run_failed
@@ -48,10 +49,10 @@ class E2ESuite:
         name = prompt_label(i, prompt)
         n = ctx.cfg.e2e.n_predict
         da, db = ctx.dir(f"e2e-{i}-resident"), ctx.dir(f"e2e-{i}-paged")
-        resident = ctx.run(f"e2e {i} --no-pager", ctx.engine_args(prompt, da, n_predict=n, pager=False))
+        resident = ctx.run(f"e2e {i} --no-pager", ctx.spec(prompt, n_predict=n, pager=False), da)
         if not resident.ok:
             return run_failed(NAME, [name], resident, "--no-pager run: ")[0]
-        paged = ctx.run(f"e2e {i} paged", ctx.engine_args(prompt, db, n_predict=n))
+        paged = ctx.run(f"e2e {i} paged", ctx.spec(prompt, n_predict=n), db)
         if not paged.ok:
             return run_failed(NAME, [name], paged, "paged run: ")[0]
         t0 = time.perf_counter()
@@ -67,8 +68,8 @@ class E2ESuite:
                                paged.stderr_tail(), details)
 
         try:
-            la, lb = read_logits(da / "logits.bin"), read_logits(db / "logits.bin")
-            prefill = [r for r in read_stats(db / "stats.jsonl") if r["phase"] == "prefill"]
+            la, lb = read_logits(da / LOGITS_FILE), read_logits(db / LOGITS_FILE)
+            prefill = [r for r in read_stats(db / STATS_FILE) if r["phase"] == "prefill"]
             props["prompt_tokens"] = prefill[0].get("tokens") if prefill else None
         except ContractError as e:
             return result(FAIL, f"output unusable: {e}")

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import time
 
-from ...contract_io import ContractError, read_selftest
+from ...compare.arrays import compare_arrays
+from ...contract.outputs import ContractError, read_selftest
+from ...gguf.facts import ModelFacts
 from ...reference.moe import expert_forward
-from ..compare import compare_arrays
-from ..context import CheckContext, ModelFacts
+from ..context import CheckContext
 from ..result import FAIL, PASS, CheckResult
 from .base import Task, run_failed
 
@@ -62,10 +63,7 @@ class KernelSuite:
         tol = ctx.cfg.kernel.tolerance
         d = ctx.dir(f"kernel-L{il}-E{e}")
         out = d / "selftest.bin"
-        args = ["-m", str(ctx.model_path), "-t", str(ctx.threads), "-c", str(ctx.cfg.engine.ctx),
-                "-b", str(ctx.cfg.run.batch), "--arena-mb", f"{ctx.arena_mb():.6f}",
-                "--selftest", f"{il}:{e}:{rows}:{out}"]
-        run = ctx.run(f"kernel {name}", args)
+        run = ctx.run_selftest(f"kernel {name}", il, e, rows, out)
         if not run.ok:
             return run_failed(NAME, [name], run)[0]
         t0 = time.perf_counter()

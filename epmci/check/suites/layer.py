@@ -9,8 +9,10 @@ experts, a slot of the wrong size for the layers where the expert size changes).
 
 from __future__ import annotations
 
-from ...contract_io import ContractError, read_logits
-from ..context import CheckContext, ModelFacts
+from ...contract.outputs import ContractError, read_logits
+from ...contract.runspec import LOGITS_FILE
+from ...gguf.facts import ModelFacts
+from ..context import CheckContext
 from ..moe_check import check_dump
 from ..result import FAIL, CheckResult
 from .base import Task, run_failed
@@ -47,7 +49,7 @@ def dump_results(ctx: CheckContext, suite: str, names: dict[int, str], run, out,
 def evaluated_rows(out) -> tuple[int | None, str | None]:
     """Positions the run evaluated, from its logits file (one row per position)."""
     try:
-        return int(read_logits(out / "logits.bin").shape[0]), None
+        return int(read_logits(out / LOGITS_FILE).shape[0]), None
     except ContractError as e:
         return None, str(e)
 
@@ -69,8 +71,8 @@ class LayerSuite:
 
     def check(self, ctx: CheckContext, names: dict[int, str]) -> list[CheckResult]:
         out = ctx.dir("layer")
-        args = ctx.engine_args(ctx.cfg.prompts.layer, out, n_predict=ctx.cfg.run.n_predict, prefetch=False)
-        run = ctx.run("layer", args, env={"SDQ_MOE_DUMP": str(out / "moe"), "SDQ_PREFETCH": "0"})
+        spec = ctx.spec(ctx.cfg.prompts.layer, n_predict=ctx.cfg.run.n_predict, prefetch=False)
+        run = ctx.run("layer", spec, out, env={"SDQ_MOE_DUMP": str(out / "moe"), "SDQ_PREFETCH": "0"})
         if not run.ok:
             return run_failed(NAME, list(names.values()), run)
         rows, err = evaluated_rows(out)

@@ -2,7 +2,7 @@
 golden baseline of the runner profile (golden/<profile>/<model id>.yaml), and with
 --perf-base REF tok/s against the engine of a git ref measured in the same run.
 
-Per scenario (perf.scenarios, experiments of `epmci bench`), every prompt of perf.prompts
+Per scenario (perf.scenarios, experiments of epmci/config/experiments.py), every prompt of perf.prompts
 is run once with the model's page cache dropped; the first prompt is also the timed one
 (perf.repeats runs; --fast skips the tok/s comparison against golden; an UNKNOWN verdict buys more up to
 perf.max_repeats), run after the other prompts, which warm up for it. Timed runs are
@@ -31,100 +31,27 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
 
-from ...bench import EXPERIMENTS
-from ...errors import InputError
-from ...golden import Golden, find, golden_path, golden_root, model_identity
-from ...machine import fingerprint as machine_fingerprint
-from ...machine import mismatches
-from ...measure import Measurement, RunSpec, counter_changes, drift, io_diagnosis, measure
-from ...stats import DIFFERENT, SAME, UNKNOWN, compare_samples, per_look_alpha
-from ..context import CheckContext, mib
+from ...compare.counters import counter_changes, io_diagnosis, n_counters
+from ...compare.logits import drift
+from ...compare.stats import DIFFERENT, SAME, UNKNOWN, Comparison, compare_samples, per_look_alpha
+from ...config.experiments import EXPERIMENTS
+from ...perf.abba import Side, Worktree, base_side, build_base, run_abab
+from ...perf.machine import mismatches
+from ...perf.measure import Measurement
+from ...perf.plan import PerfPlan, prepare
+from ...perf.record import BUSY_WARN_PCT
+from ...perf.run import RunFailed, Scenario
+from ..context import CheckContext
 from ..result import ERROR, FAIL, PASS, SKIP, CheckResult
-from .base import Task
+from .base import Task, run_failed
 
 NAME = "perf"
 # settings that decide counters and fingerprints (threads and the RAM budget do not)
 COUNTER_SETTINGS = ("prompts", "n_predict", "batch", "ctx")
-# Share of the machine's CPU that other processes took during a timed run (measure.py)
-# above which the run is called out: its tok/s measured the neighbours as well.
-BUSY_WARN_PCT = 20.0
-
-
-def _busy_note(pct: float | None) -> str:
-    if pct is None or pct < BUSY_WARN_PCT:
-        return ""
-    return f" -- WARNING: other processes used {pct:.0f}% of the CPU meanwhile; this sample is low"
-
-
 def prompt_label(i: int, prompt: str) -> str:
     p = prompt if len(prompt) <= 20 else prompt[:17] + "..."
     return f"p{i + 1} {p!r}"
-
-
-@dataclass
-class PerfPlan:
-    """What every perf task needs, resolved once at planning time."""
-    model_id: dict
-    golden: Golden | None
-    golden_file: Path
-    profile: str
-    machine: dict
-    settings: dict
-    specs: dict = field(default_factory=dict)     # scenario -> [RunSpec per prompt]
-    repeats: int = 3
-    base_sha: str | None = None
-    repo: Path | None = None
-
-    def record_hint(self) -> str:
-        return f"epmci golden update --profile {self.profile} --reason \"...\""
-
-
-def perf_settings(ctx: CheckContext) -> dict:
-    pc = ctx.cfg.perf
-    return {"prompts": list(pc.prompts), "n_predict": pc.n_predict, "batch": pc.batch, "ctx": pc.ctx,
-            "threads": ctx.cfg.engine.threads, "ram_budget_mb": pc.ram_budget_mb, "golden_rows": pc.golden_rows}
-
-
-def scenario_specs(ctx: CheckContext, name: str, routing: str | None = None) -> list[RunSpec]:
-    pc = ctx.cfg.perf
-    fixed = {"n_predict": pc.n_predict, "ctx": pc.ctx, "batch": pc.batch, "threads": ctx.cfg.engine.threads,
-             "arena_fraction": pc.arena_fraction, "ram_budget_mb": pc.ram_budget_mb}
-    return [EXPERIMENTS[name].spec(p, fixed, ctx.facts.total_expert_bytes(), routing,
-                                   lambda b, u: mib(ctx.facts.min_arena_bytes(b, u)))
-            for p in pc.prompts]
-
-
-def prepare(ctx: CheckContext, load_golden: bool = True) -> PerfPlan:
-    """Golden lookup (InputError for an unusable golden file: exit 2) and run settings."""
-    pc = ctx.cfg.perf
-    ident = model_identity(ctx.model_path)
-    root = golden_root(pc.golden_dir, ctx.cfg.source)
-    gfile = golden_path(root, pc.profile, ident["id"])
-    golden = find(root, pc.profile, ident["id"]) if load_golden else None
-    if golden is not None and golden.model.get("sha256") != ident["sha256"]:
-        raise InputError(gfile, f"recorded for model sha256 {golden.model['sha256'][:16]}..., but "
-                                f"{ctx.model_path} has sha256 {ident['sha256'][:16]}... (same id {ident['id']}): "
-                                f"the model generator changed without a version bump, or the file is damaged")
-    plan = PerfPlan(ident, golden, gfile, pc.profile, machine_fingerprint(ctx.model_path.parent),
-                    perf_settings(ctx))
-    plan.repeats = pc.fast_repeats if ctx.cfg.fast else pc.repeats
-    for name in pc.scenarios:
-        plan.specs[name] = scenario_specs(ctx, name)
-    if pc.base and load_golden:
-        from ...perf_base import repo_root, resolve_ref
-        start = Path(ctx.cfg.source).parent if ctx.cfg.source not in (None, "<defaults>") else Path.cwd()
-        plan.repo = repo_root(start)
-        plan.base_sha = resolve_ref(plan.repo, pc.base)
-    return plan
-
-
-def timing_order(n_prompts: int) -> list[int]:
-    """Run order of a scenario's prompts: the timed first prompt last, so the other prompts'
-    runs warm up (numba's cache files, the interpreter) for its first timed sample."""
-    return list(range(1, n_prompts)) + [0]
 
 
 def result_names(ctx: CheckContext, scen: str) -> list[str]:
@@ -134,13 +61,22 @@ def result_names(ctx: CheckContext, scen: str) -> list[str]:
     return names
 
 
+INCONCLUSIVE_STATUS = {"skip": SKIP, "pass": PASS, "fail": FAIL}
+
+
+def comparison_props(c: Comparison) -> dict:
+    return {"baseline": round(c.baseline, 4), "current": round(c.current, 4), "ratio": round(c.ratio, 4),
+            "p_value": round(c.p_value, 5), "verdict": c.verdict, "ci_low": round(c.ci[0], 4),
+            "ci_high": round(c.ci[1], 4)}
+
+
 class PerfSuite:
     name = NAME
     title = "perf: counters, fingerprints, tok/s and peak RSS vs golden; --perf-base A/B"
     description = __doc__
 
     def plan(self, ctx: CheckContext) -> list[Task | CheckResult]:
-        plan = prepare(ctx)
+        plan = prepare(ctx.cfg, ctx.model_path, ctx.facts)
         pc = ctx.cfg.perf
         items: list[Task | CheckResult] = []
         for scen in pc.scenarios:
@@ -217,53 +153,22 @@ class PerfSuite:
     # -------------------------------------------------------------- one scenario
 
     def scenario(self, ctx: CheckContext, plan: PerfPlan, scen: str) -> list[CheckResult]:
-        pc = ctx.cfg.perf
         names = result_names(ctx, scen)
-        specs = plan.specs[scen]
         t0 = time.perf_counter()
-        if EXPERIMENTS[scen].needs_routing_profile:
-            routing = ctx.dir(f"perf-{scen}") / "routing.profile"
-            base_specs = scenario_specs(ctx, "baseline")
-            base_specs[0].profile_out = str(routing)
-            m = measure(ctx.engine, ctx.model_path, base_specs[0], ctx.dir(f"perf-{scen}-routing"),
-                        timeout=ctx.cfg.engine.timeout_s, label=f"perf {scen} routing")
-            if not m.ok:
-                return self._failed(names, m, "routing profile run: ")
-            specs = scenario_specs(ctx, scen, str(routing))
         timing_skip = self._timing_skip(ctx, plan, scen)
-        first: list[Measurement | None] = [None] * len(specs)
-        for i in timing_order(len(specs)):
-            m = measure(ctx.engine, ctx.model_path, specs[i], ctx.dir(f"perf-{scen}-p{i}"),
-                        timeout=ctx.cfg.engine.timeout_s, keep_rows=pc.golden_rows, label=f"perf {scen} p{i + 1}")
-            if not m.ok:
-                return self._failed(names, m, f"prompt {i + 1} run: ")
-            first[i] = m
-        timed = [first[0]]
-        if timing_skip is None:
-            for r in range(plan.repeats - 1):
-                m = self._timed_run(ctx, specs[0], scen, len(timed))
-                if not m.ok:
-                    return self._failed(names, m, f"timed run {r + 2}: ")
-                timed.append(m)
+        sc = Scenario(ctx.engine, ctx.model_path, plan, scen, ctx.dir, timeout=ctx.cfg.engine.timeout_s)
+        try:
+            runs = sc.run(plan.repeats if timing_skip is None else 1)
+        except RunFailed as e:
+            return run_failed(NAME, names, e.measurement.run, f"{e.what}: ", e.measurement.failure)
+        first, timed = runs.first, runs.timed
         g, why = self._golden_scenario(plan, scen)
         out = [self.counters(plan, scen, names[0], g, why, first, timed)]
         out += [self.fingerprint(plan, scen, names[1 + i], g, why, i, m) for i, m in enumerate(first)]
-        out.append(self.timing(ctx, plan, scen, names[-2], g, timing_skip, specs[0], timed))
+        out.append(self.timing(ctx, plan, scen, names[-2], g, timing_skip, sc))
         out.append(self.rss(ctx, plan, names[-1], g, first + timed))
         out[0].seconds = time.perf_counter() - t0     # the scenario's runs, reported once
         return out
-
-    def _timed_run(self, ctx: CheckContext, spec: RunSpec, scen: str, k: int) -> Measurement:
-        return measure(ctx.engine, ctx.model_path, spec, ctx.dir(f"perf-{scen}-timed"),
-                       timeout=ctx.cfg.engine.timeout_s, label=f"perf {scen} timed {k + 1}")
-
-    def _failed(self, names: list[str], m: Measurement, what: str) -> list[CheckResult]:
-        run = m.run
-        props = {"returncode": run.returncode if run else None}
-        tail = run.stderr_tail() if run else ""
-        details = f"command: {run.command_line()}" if run else ""
-        return [CheckResult(NAME, n, FAIL, f"{what}{m.failure}", dict(props), m.seconds, tail, details)
-                for n in names]
 
     # -------------------------------------------------------------- verdicts
 
@@ -293,7 +198,7 @@ class PerfSuite:
         gd = g["prompts"][0]["counters"].get("decode", {})
         props.update({f"golden_decode_{k}": gd.get(k) for k in ("hits", "misses", "evictions", "ssd_bytes_per_token")})
         props.update(worse=worse, better=better, changed=changed)
-        n = sum(len(ph) for m in first for ph in m.counters.values())
+        n = sum(n_counters(m.counters) for m in first)
         if worse or changed:
             parts = []
             if worse:
@@ -343,8 +248,8 @@ class PerfSuite:
         rows = plan.golden.rows(scen, i)
         if rows is not None and m.gen_rows is not None:
             d = drift(rows, m.gen_rows)
-            props.update(d.props())
-            parts.append(d.text())
+            props.update(d.drift_props())
+            parts.append(d.drift_text())
         else:
             parts.append("no golden logits rows to measure the drift")
         if plan.golden.machine and mismatches(plan.golden.machine, plan.machine):
@@ -352,8 +257,9 @@ class PerfSuite:
                          "differ between CPUs")
         return CheckResult(NAME, name, FAIL, "output drifted from golden: " + "; ".join(parts), props)
 
-    def timing(self, ctx, plan, scen, name, g, skip: str | None, spec: RunSpec, timed: list[Measurement]) -> CheckResult:
+    def timing(self, ctx, plan, scen, name, g, skip: str | None, sc: Scenario) -> CheckResult:
         pc = ctx.cfg.perf
+        timed = sc.runs.timed
         props: dict = {"verdict": "SKIPPED"}
         if skip is not None:
             if timed:
@@ -365,16 +271,13 @@ class PerfSuite:
         comp = compare_samples(base, cur, alpha, pc.min_effect)
         while comp.verdict == UNKNOWN and len(cur) < pc.max_repeats:
             for _ in range(min(2, pc.max_repeats - len(cur))):
-                m = self._timed_run(ctx, spec, scen, len(timed))
-                if not m.ok:
-                    return self._failed([name], m, "extra timed run: ")[0]
-                timed.append(m)
+                try:
+                    m = sc.timed_run()
+                except RunFailed as e:
+                    return run_failed(NAME, [name], e.measurement.run, "extra timed run: ", e.measurement.failure)[0]
                 cur.append(m.tok_s)
             comp = compare_samples(base, cur, alpha, pc.min_effect)
-        props = {"baseline": round(comp.baseline, 4), "current": round(comp.current, 4),
-                 "ratio": round(comp.ratio, 4), "p_value": round(comp.p_value, 5), "verdict": comp.verdict,
-                 "ci_low": round(comp.ci[0], 4), "ci_high": round(comp.ci[1], 4),
-                 "n_baseline": comp.n_baseline, "n_current": comp.n_current,
+        props = {**comparison_props(comp), "n_baseline": comp.n_baseline, "n_current": comp.n_current,
                  "samples": [round(x, 4) for x in cur], "alpha": pc.alpha, "alpha_per_look": round(alpha, 5),
                  "min_effect": pc.min_effect}
         busy = [m.other_cpu_pct for m in timed if m.other_cpu_pct is not None]
@@ -388,7 +291,7 @@ class PerfSuite:
         if busy and statistics.median(busy) >= BUSY_WARN_PCT:
             what += (f" -- other processes used a median {statistics.median(busy):.0f}% of the CPU during "
                      f"these runs, so the machine, not only the engine, was measured")
-        if comp.verdict == DIFFERENT and comp.ratio < 1:
+        if comp.regressed:
             io, why = io_diagnosis(g["prompts"][0]["counters"].get("decode", {}), timed[0].stats.get("decode", {}))
             props["io_regression"] = io
             return CheckResult(NAME, name, FAIL, f"tok/s regressed: {what}; {why}", props)
@@ -397,8 +300,8 @@ class PerfSuite:
                                                  f"`{plan.record_hint()}`)", props)
         if comp.verdict == SAME:
             return CheckResult(NAME, name, PASS, what, props)
-        status = {"skip": SKIP, "pass": PASS, "fail": FAIL}[pc.inconclusive]
-        return CheckResult(NAME, name, status, f"inconclusive after {comp.n_current} runs (the cap): {what}", props)
+        return CheckResult(NAME, name, INCONCLUSIVE_STATUS[pc.inconclusive],
+                           f"inconclusive after {comp.n_current} runs (the cap): {what}", props)
 
     def rss(self, ctx, plan, name, g, runs: list[Measurement]) -> CheckResult:
         budget = ctx.cfg.perf.ram_budget_mb
@@ -417,8 +320,6 @@ class PerfSuite:
     # -------------------------------------------------------------- --perf-base
 
     def versus_base(self, ctx: CheckContext, plan: PerfPlan, scen: str, name: str) -> CheckResult:
-        from ...perf_base import Side, Worktree, base_side, build_base, run_abab
-        from ...stats import DIFFERENT as DIFF
         pc = ctx.cfg.perf
         spec = dataclasses.replace(plan.specs[scen][0], n_predict=pc.base_n_predict)
         t0 = time.perf_counter()
@@ -447,9 +348,7 @@ class PerfSuite:
             return CheckResult(NAME, name, FAIL, f"--perf-base: {res.failure}", props, secs,
                                run.stderr_tail() if run else "", f"command: {run.command_line()}" if run else "")
         c = res.comparison
-        props.update({"baseline": round(c.baseline, 4), "current": round(c.current, 4), "ratio": round(c.ratio, 4),
-                      "p_value": round(c.p_value, 5), "verdict": c.verdict, "ci_low": round(c.ci[0], 4),
-                      "ci_high": round(c.ci[1], 4), "pairs": res.pairs, "alpha_per_look": round(res.alpha, 5),
+        props.update({**comparison_props(c), "pairs": res.pairs, "alpha_per_look": round(res.alpha, 5),
                       "base_samples": [round(x, 4) for x in res.base], "head_samples": [round(x, 4) for x in res.head],
                       "order": "".join("A" if o == "base" else "B" for o in res.order)})
         same_out = (res.base_first.fingerprint() == res.head_first.fingerprint())
@@ -461,100 +360,14 @@ class PerfSuite:
                 f"{c.verdict}")
         if not same_out:
             what += "; note: head and base outputs differ"
-        if c.verdict == DIFF and c.ratio < 1:
+        if c.regressed:
             io, why = io_diagnosis(res.base_first.stats.get("decode", {}), res.head_first.stats.get("decode", {}))
             props["io_regression"] = io
             return CheckResult(NAME, name, FAIL, f"tok/s regressed against the base: {what}; {why}", props, secs)
         if c.verdict == UNKNOWN:
-            status = {"skip": SKIP, "pass": PASS, "fail": FAIL}[pc.inconclusive]
-            return CheckResult(NAME, name, status, f"inconclusive after {res.pairs} pairs (the cap): {what}",
-                               props, secs)
+            return CheckResult(NAME, name, INCONCLUSIVE_STATUS[pc.inconclusive],
+                               f"inconclusive after {res.pairs} pairs (the cap): {what}", props, secs)
         return CheckResult(NAME, name, PASS, what, props, secs)
 
 
 SUITE = PerfSuite()
-
-
-# ------------------------------------------------------------------ recording (epmci golden update)
-
-def record_golden(ctx: CheckContext, plan: PerfPlan, reason: str, *, timing: bool, repeats: int,
-                  previous: Golden | None, say=lambda s: None) -> Golden:
-    """Measure every scenario the way the check does and return the Golden to write. Raises
-    RuntimeError when a run fails or is not reproducible (nothing is written then)."""
-    import platform
-
-    from ...golden import new_history, now
-    pc = ctx.cfg.perf
-    scenarios, logits = {}, {}
-    peak_all = []
-    busiest: float | None = None    # the most CPU other processes took during a timed run
-    for scen in pc.scenarios:
-        exp = EXPERIMENTS[scen]
-        specs = plan.specs[scen]
-        if exp.needs_routing_profile:
-            routing = ctx.dir(f"golden-{scen}") / "routing.profile"
-            bs = scenario_specs(ctx, "baseline")[0]
-            bs.profile_out = str(routing)
-            m = measure(ctx.engine, ctx.model_path, bs, ctx.dir(f"golden-{scen}-routing"),
-                        timeout=ctx.cfg.engine.timeout_s, label="routing profile")
-            if not m.ok:
-                raise RuntimeError(f"{scen}: routing profile run failed: {m.failure}")
-            specs = scenario_specs(ctx, scen, str(routing))
-        first = [None] * len(specs)
-        for i in timing_order(len(specs)):
-            m = measure(ctx.engine, ctx.model_path, specs[i], ctx.dir(f"golden-{scen}-p{i}"),
-                        timeout=ctx.cfg.engine.timeout_s, keep_rows=pc.golden_rows, label=f"{scen} p{i + 1}")
-            if not m.ok:
-                raise RuntimeError(f"{scen}: prompt {i + 1} run failed: {m.failure}\n{m.run.stderr_tail() if m.run else ''}")
-            say(f"[golden] {scen} prompt {i + 1}/{len(specs)}: {m.tok_s:.2f} tok/s decode, "
-                f"logits {m.logits_sha256[:12]}")
-            first[i] = m
-        timed = [first[0]]
-        if timing:
-            for r in range(repeats - 1):
-                m = measure(ctx.engine, ctx.model_path, specs[0], ctx.dir(f"golden-{scen}-timed"),
-                            timeout=ctx.cfg.engine.timeout_s, label=f"{scen} timed {r + 2}")
-                if not m.ok:
-                    raise RuntimeError(f"{scen}: timed run {r + 2} failed: {m.failure}")
-                if m.counters != first[0].counters or m.logits_sha256 != first[0].logits_sha256:
-                    raise RuntimeError(f"{scen}: timed run {r + 2} is not reproducible (counters or logits differ "
-                                       f"from the first run): refusing to record")
-                say(f"[golden] {scen} timed run {r + 2}/{repeats}: {m.tok_s:.2f} tok/s decode"
-                    f"{_busy_note(m.other_cpu_pct)}")
-                timed.append(m)
-        samples = [round(m.tok_s, 4) for m in timed]
-        busy = [m.other_cpu_pct for m in timed if m.other_cpu_pct is not None]
-        if timing and busy:
-            busiest = max(busiest or 0.0, *busy)
-        runs = first + timed[1:]
-        scenarios[scen] = {
-            "args": dict(exp.args),
-            "env": dict(exp.env),
-            "prefetch": specs[0].prefetch,
-            "arena_mb": specs[0].arena_mb,
-            "timing": ({"metric": "decode tok/s", "samples": samples,
-                        "median": round(statistics.median(samples), 4)} if timing else None),
-            "peak_rss_mb": max(m.peak_rss_mb for m in runs),
-            "vm_swap_mb": max(m.vm_swap_mb for m in runs),
-            "prompts": [{**m.fingerprint(), "counters": m.counters} for m in first],
-        }
-        peak_all.append(scenarios[scen]["peak_rss_mb"])
-        for i, m in enumerate(first):
-            logits[f"{scen}/{i}"] = m.gen_rows
-    from importlib.metadata import PackageNotFoundError, version
-    try:
-        ver = version("epmci")
-    except PackageNotFoundError:
-        ver = "unknown"
-    return Golden(
-        profile=plan.profile,
-        model=plan.model_id,
-        settings=plan.settings,
-        scenarios=scenarios,
-        machine=plan.machine,
-        recorded={"date": now(), "reason": reason, "engine": ctx.engine.describe(), "epmci": ver,
-                  "host": platform.node(), "timing": timing, "repeats": repeats if timing else 1,
-                  **({"other_cpu_pct_max": busiest} if busiest is not None else {})},
-        history=new_history(previous),
-        logits=logits,
-    )

@@ -131,6 +131,14 @@ def _disk_model(device: str) -> str:
     return ""
 
 
+def cpu_count() -> int:
+    """CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def fingerprint(model_dir: str | os.PathLike = ".") -> dict:
     cpu = _cpuinfo()
     flags = sorted(cpu.get("flags", "").split())
@@ -139,7 +147,7 @@ def fingerprint(model_dir: str | os.PathLike = ".") -> dict:
         "cpu_model": cpu.get("model name", platform.processor() or platform.machine()),
         "cpu_flags_sha256": hashlib.sha256(" ".join(flags).encode()).hexdigest()[:16],
         "cpu_flags_simd": [f for f in flags if f.startswith(("avx", "amx", "fma", "f16c", "sse4"))],
-        "n_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "n_cpus": cpu_count(),
         "mem_total_gib": _mem_total_gib(),
         "mem_limit_gib": _cgroup_mem_limit_gib(),
         "kernel": platform.release(),

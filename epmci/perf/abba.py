@@ -3,39 +3,37 @@ the same machine, interleaved, so slow drifts of a noisy shared runner hit both 
 
 1. The ref is checked out into a temporary worktree (`git worktree add --detach`), always
    removed afterwards (`git worktree remove --force`, then `git worktree prune`).
-2. Build: the bundled engine runs from the worktree as `python -m engine` with the worktree
-   as cwd and first on PYTHONPATH, so its own engine code is used. Its numba kernels are
-   compiled by a warm-up run; when every numba source file of the base is byte-identical to
-   the head's, the head's compiled cache is copied instead (numba keys its cache on the
-   source file's contents, and the compiled code of identical sources is identical). An
-   external engine (engine.cmd) runs with the worktree as cwd after engine.build_cmd ran
-   there.
+2. Build: the bundled engine runs from the worktree (EngineCommand.at), so its own engine
+   code is used. Its numba kernels are compiled by a warm-up run, unless the head's compiled
+   cache can be reused (epmci.contract.bundled.reuse_numba_cache). An external engine
+   (engine.cmd) runs with the worktree as cwd after engine.build_cmd ran there.
 3. Runs alternate in pairs, the order flipped every pair (base-head, head-base, ...: ABBA),
    after one discarded warm-up run of each side; the model's page cache is dropped before
    every run.
 4. Verdict on the paired ratios head_i / base_i (epmci.stats.compare_paired: median ratio,
    bootstrap CI, Wilcoxon signed-rank or sign test on the log-ratios): SAME / DIFFERENT /
    UNKNOWN; UNKNOWN buys two more pairs at a time up to a cap, and alpha is split over
-   those looks (epmci.stats.per_look_alpha) so re-testing cannot buy a false alarm. The runs decode
+   those looks (epmci.compare.stats.per_look_alpha) so re-testing cannot buy a false alarm. The runs decode
    perf.base_n_predict tokens (longer than the golden scenario: steadier tok/s).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
+import shlex
 import shutil
 import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .engine_runner import EngineCommand, EngineRun, run_engine
-from .errors import InputError
-from .measure import Measurement, RunSpec, measure
-from .stats import UNKNOWN, Comparison, compare_paired, per_look_alpha
+from ..compare.stats import UNKNOWN, Comparison, compare_paired, per_look_alpha
+from ..contract import bundled
+from ..contract.process import EngineCommand, EngineRun, run_engine
+from ..contract.runspec import RunSpec
+from ..errors import InputError
+from .measure import Measurement, measure
 
 
 def git(repo: str | os.PathLike, *args: str, timeout: float = 300.0) -> subprocess.CompletedProcess:
@@ -88,51 +86,6 @@ class Worktree:
 
 # ------------------------------------------------------------------ build
 
-def head_engine_package() -> Path | None:
-    spec = importlib.util.find_spec("engine")
-    return Path(spec.origin).parent if spec and spec.origin else None
-
-
-def _numba_sources(pkg: Path) -> dict[str, bytes]:
-    out = {}
-    for p in sorted(pkg.rglob("*.py")):
-        b = p.read_bytes()
-        if b"numba" in b:
-            out[str(p.relative_to(pkg))] = b
-    return out
-
-
-def numba_cache_dir(py_file: Path, env: dict | None = None) -> Path:
-    """Where numba keeps the compiled cache of a source file (NUMBA_CACHE_DIR, else __pycache__)."""
-    env = os.environ if env is None else env
-    if env.get("NUMBA_CACHE_DIR"):
-        from numba.core.caching import UserProvidedCacheLocator
-        return Path(env["NUMBA_CACHE_DIR"]) / UserProvidedCacheLocator.get_suitable_cache_subpath(str(py_file))
-    return py_file.parent / "__pycache__"
-
-
-def reuse_numba_cache(head_pkg: Path, base_pkg: Path, env: dict | None = None) -> str | None:
-    """Copy the head's compiled numba cache to the base when every numba source file is
-    byte-identical; returns what was done, or None when the base must compile."""
-    head, base = _numba_sources(head_pkg), _numba_sources(base_pkg)
-    if not head or head != base:
-        return None
-    n = 0
-    for rel in head:
-        src_dir = numba_cache_dir(head_pkg / rel, env)
-        dst_dir = numba_cache_dir(base_pkg / rel, env)
-        stem = Path(rel).stem
-        files = list(src_dir.glob(f"{stem}.*.nbi")) + list(src_dir.glob(f"{stem}.*.nbc"))
-        if files:
-            dst_dir.mkdir(parents=True, exist_ok=True)
-        for f in files:
-            shutil.copy2(f, dst_dir / f.name)
-            n += 1
-    if n == 0:
-        return None
-    return f"numba sources identical to the head's: {n} compiled cache files reused"
-
-
 @dataclass
 class Side:
     label: str                     # "base" | "head"
@@ -142,23 +95,18 @@ class Side:
 
 
 def base_side(worktree: Path, head: EngineCommand) -> Side:
-    if head.bundled:
-        pp = str(worktree) + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")
-        cmd = EngineCommand((sys.executable, "-m", "engine"), False, head.env)
-        return Side("base", cmd, worktree, {"PYTHONPATH": pp})
-    return Side("base", head, worktree, {})
+    return Side("base", head.at(worktree) if head.bundled else head, worktree, {})
 
 
 def build_base(side: Side, worktree: Path, head: EngineCommand, build_cmd, timeout: float) -> tuple[bool, str, EngineRun | None]:
     """Make the base runnable: reuse or leave numba compilation to the warm-up run (bundled),
     or run engine.build_cmd in the worktree (external)."""
     if head.bundled:
-        pkg = head_engine_package()
-        msg = reuse_numba_cache(pkg, worktree / "engine") if pkg else None
+        pkg = bundled.installed_package()
+        msg = bundled.reuse_numba_cache(pkg, worktree / "engine") if pkg else None
         return True, msg or "numba sources differ from the head's: the base compiles in its warm-up run", None
     if build_cmd is None:
         return True, "external engine: no engine.build_cmd, nothing to build", None
-    import shlex
     argv = shlex.split(build_cmd) if isinstance(build_cmd, str) else [str(x) for x in build_cmd]
     run = run_engine(EngineCommand(tuple(argv), False, head.env), [], timeout=timeout, label="base build",
                      cwd=worktree)

@@ -1,8 +1,8 @@
 """Run an engine as a subprocess through docs/engine-contract.md, always with a timeout.
 
-The engine is a command line: the bundled engine is `python -m engine`; `--engine-cmd`
-(or engine.cmd in epmci.yaml) names any binary that speaks the contract. The inherited
-SDQ_* environment is dropped so a developer's shell cannot change what a check runs.
+The engine is a command line: the bundled engine is `python -m engine` (epmci.contract.bundled);
+`--engine-cmd` (or engine.cmd in epmci.yaml) names any binary that speaks the contract. The
+inherited SDQ_* environment is dropped so a developer's shell cannot change what a check runs.
 """
 
 from __future__ import annotations
@@ -11,13 +11,12 @@ import os
 import shlex
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
-from .contract_io import engine_error_line, slot_errors
-from .errors import InputError
+from ..errors import InputError
+from . import bundled
+from .outputs import engine_error_line, slot_errors
 
 STDERR_TAIL_LINES = 30
 STDERR_TAIL_CHARS = 4000
@@ -28,20 +27,27 @@ class EngineCommand:
     argv: tuple[str, ...]
     bundled: bool
     env: tuple[tuple[str, str], ...] = ()
+    root: str | None = None      # bundled engine: the source tree it runs from (None: the installed one)
 
     @classmethod
     def from_setting(cls, cmd: str | list[str] | None, env: dict | None = None) -> "EngineCommand":
         """None -> the bundled engine; a string is shlex-split; a list is taken as is."""
         env_t = tuple(sorted((env or {}).items()))
         if cmd is None:
-            return cls((sys.executable, "-m", "engine"), True, env_t)
+            return cls(bundled.ARGV, True, env_t)
         argv = shlex.split(cmd) if isinstance(cmd, str) else [str(c) for c in cmd]
         if not argv:
             raise InputError("engine command", "empty")
         return cls(tuple(argv), False, env_t)
 
+    def at(self, root: str | os.PathLike) -> "EngineCommand":
+        """The bundled engine of another source tree (a git worktree of --perf-base)."""
+        return EngineCommand(self.argv, self.bundled, self.env, str(root))
+
     def describe(self) -> str:
-        return "bundled engine (python -m engine)" if self.bundled else shlex.join(self.argv)
+        if self.bundled:
+            return "bundled engine (python -m engine)" + (f" at {self.root}" if self.root else "")
+        return shlex.join(self.argv)
 
 
 @dataclass
@@ -111,10 +117,14 @@ def base_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def run_engine(cmd: EngineCommand, args: list[str], *, timeout: float, label: str = "",
-               env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None) -> EngineRun:
-    """Run `cmd args` with the contract's environment; never raises for engine failures."""
+               env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None,
+               threads: int = 1) -> EngineRun:
+    """Run `cmd args` with the contract's environment (plus, for the bundled engine, what
+    it needs to run `threads` compute threads from its source tree); never raises for
+    engine failures."""
     argv = [*cmd.argv, *[str(a) for a in args]]
-    extra = dict(cmd.env)
+    extra = bundled.run_env(threads, cmd.root) if cmd.bundled else {}
+    extra.update(cmd.env)
     extra.update(env or {})
     full_env = base_env(extra)
     t0 = time.perf_counter()

@@ -12,7 +12,9 @@ not depend on any other run.
 
 from __future__ import annotations
 
-from ...contract_io import ContractError, read_stats, stats_total
+from ...contract.outputs import ContractError, read_stats, stats_total
+from ...contract.runspec import STATS_FILE
+from ...units import MiB
 from ..context import CheckContext
 from ..result import FAIL, PASS, CheckResult
 from .base import Task, run_failed
@@ -21,7 +23,7 @@ from .layer import check_layers, dump_results, evaluated_rows
 NAME = "prefetch-stress"
 
 
-class StressSuite:
+class PrefetchStressSuite:
     name = NAME
     title = "prefetch-stress: prefetch on, tiny arena, eviction every token, both slot layouts"
     description = __doc__
@@ -42,24 +44,23 @@ class StressSuite:
         uniform = layout == "uniform"
         out = ctx.dir(f"stress-{layout}")
         arena = ctx.stress_arena_mb(uniform)
-        args = ctx.engine_args(ctx.cfg.prompts.stress, out, n_predict=ctx.cfg.run.n_predict,
-                               batch=s.batch, arena_mb=arena)
+        spec = ctx.spec(ctx.cfg.prompts.stress, n_predict=ctx.cfg.run.n_predict, batch=s.batch, arena_mb=arena)
         env = {"SDQ_MOE_DUMP": str(out / "moe"), "SDQ_PREFETCH": "1",
                "SDQ_PREFETCH_LAYER_AHEAD": str(s.layer_ahead), "SDQ_PREFETCH_QUEUE": str(s.queue),
                "SDQ_PREFETCH_STALE_TOKENS": str(s.stale_tokens),
                "SDQ_FORCE_UNIFORM_SLOT": "1" if uniform else "0"}
-        run = ctx.run(f"prefetch-stress {layout}", args, env=env)
+        run = ctx.run(f"prefetch-stress {layout}", spec, out, env=env)
         if not run.ok:
             return run_failed(NAME, [run_name, *names.values()], run)
         details = f"command: {run.command_line()}"
         props = {"layout": layout, "arena_mb": round(arena, 6), "batch": s.batch,
-                 "min_arena_mb": round(ctx.facts.min_arena_bytes(s.batch, uniform) / (1 << 20), 6)}
+                 "min_arena_mb": round(ctx.facts.min_arena_bytes(s.batch, uniform) / MiB, 6)}
         problems = []
         if run.slot_errors:
             props["slot_errors"] = len(run.slot_errors)
             problems.append(f"engine reported {len(run.slot_errors)} slot error(s): {run.slot_errors[0]}")
         try:
-            stats = read_stats(out / "stats.jsonl")
+            stats = read_stats(out / STATS_FILE)
             tokens = stats_total(stats, "tokens")
             for key in ("evictions", "prefetch_issued", "prefetch_used", "misses"):
                 props[key] = stats_total(stats, key)
@@ -84,4 +85,4 @@ class StressSuite:
         return [head, *dump_results(ctx, NAME, names, run, out, rows, extra, first_gets_run=False)]
 
 
-SUITE = StressSuite()
+SUITE = PrefetchStressSuite()

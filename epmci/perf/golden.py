@@ -3,9 +3,9 @@
     golden/<profile>/<model id>.yaml
     golden/<profile>/<model id>.<sha256[:12]>.logits
 
-The model id is `<preset>-seed<seed>-gen<generator version>` for a model made by epmci (read
-from its GGUF metadata), else `sha256-<first 16 hex digits of the file's sha256>`; the file's
-sha256 is recorded either way and checked before anything is compared.
+The model id is epmci.gguf.identity's (`<preset>-seed<seed>-gen<generator version>` for a model
+made by epmci, else `sha256-<first 16 hex digits>`); the file's sha256 is recorded either way
+and checked before anything is compared.
 
 The YAML holds: the schema version; the machine fingerprint it was recorded on
 (epmci.machine); the measurement settings; and per scenario the decode tok/s samples and
@@ -34,7 +34,6 @@ import hashlib
 import json
 import os
 import struct
-import tempfile
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -43,7 +42,11 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from .errors import InputError
+from ..compare.counters import counter_changes
+from ..compare.logits import drift
+from ..errors import InputError
+from ..fsutil import atomic_write
+from .machine import mismatches
 
 SCHEMA = 1
 KIND = "epmci-golden"
@@ -52,33 +55,7 @@ LOGITS_MAGIC = b"EPGL"
 LOGITS_VERSION = 1
 
 
-# ------------------------------------------------------------------ identity and paths
-
-def file_sha256(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def model_identity(path: str | os.PathLike) -> dict:
-    """{id, preset, seed, generator_version, sha256, bytes} of a model file."""
-    from .gguf.file import ModelFile
-    p = Path(path)
-    mf = ModelFile(p)
-    preset = mf.meta("epmci.preset", None)
-    seed = mf.meta("epmci.seed", None)
-    gen = mf.meta("epmci.generator_version", None)
-    sha = file_sha256(p)
-    if preset is not None and seed is not None and gen is not None:
-        mid = f"{preset}-seed{int(seed)}-gen{int(gen)}"
-        preset, seed, gen = str(preset), int(seed), int(gen)
-    else:
-        mid = f"sha256-{sha[:16]}"
-    return {"id": mid, "preset": preset, "seed": seed, "generator_version": gen, "sha256": sha,
-            "bytes": p.stat().st_size}
-
+# ------------------------------------------------------------------ paths
 
 def golden_root(golden_dir: str, config_source: str | None) -> Path:
     """perf.golden_dir: absolute, or relative to the config file's directory (else the cwd)."""
@@ -126,7 +103,7 @@ class Golden:
             "machine": self.machine,
             "settings": self.settings,
             "logits": {"file": logits_name, "sha256": logits_sha,
-                       "format": "EPGL v1: zlib-compressed float32 rows (epmci/golden.py)"},
+                       "format": "EPGL v1: zlib-compressed float32 rows (epmci/perf/golden.py)"},
             "scenarios": self.scenarios,
         }
 
@@ -286,22 +263,6 @@ def dump_yaml(d: dict) -> str:
     return yaml.dump(d, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100)
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)          # an ordinary file, not mkstemp's 0600
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write(g: Golden, path: str | os.PathLike) -> Path:
     """Side file first (its name is its digest), then the YAML renamed into place; then the
     side files no longer referenced are removed."""
@@ -311,8 +272,8 @@ def write(g: Golden, path: str | os.PathLike) -> Path:
     sha = hashlib.sha256(data).hexdigest()
     stem = p.name[:-len(".yaml")] if p.name.endswith(".yaml") else p.name
     side = f"{stem}.{sha[:12]}.logits"
-    _atomic_write(p.parent / side, data)
-    _atomic_write(p, dump_yaml(g.to_yaml_dict(side, sha)).encode("utf-8"))
+    atomic_write(p.parent / side, data)
+    atomic_write(p, dump_yaml(g.to_yaml_dict(side, sha)).encode("utf-8"))
     for old in p.parent.glob(f"{stem}.*.logits"):
         if old.name != side:
             old.unlink(missing_ok=True)
@@ -370,8 +331,6 @@ def render(g: Golden) -> str:
 
 def diff(a: Golden, b: Golden) -> list[str]:
     """What changed from golden a to golden b, one line per difference."""
-    from .machine import mismatches
-    from .measure import counter_changes
     out = []
     if a.model.get("sha256") != b.model.get("sha256"):
         out.append(f"model: {a.model['id']} ({a.model['sha256'][:12]}) -> {b.model['id']} ({b.model['sha256'][:12]})")
@@ -409,7 +368,6 @@ def diff(a: Golden, b: Golden) -> list[str]:
                 msg = f"{tag}: logits digest {ea['logits_sha256'][:12]} -> {eb['logits_sha256'][:12]}"
                 ra, rb = a.rows(name, i), b.rows(name, i)
                 if ra is not None and rb is not None:
-                    from .measure import drift
-                    msg += f"; {drift(ra, rb).text()}"
+                    msg += f"; {drift(ra, rb).drift_text()}"
                 out.append(msg)
     return out

@@ -179,14 +179,11 @@ def read_stats(path: str | os.PathLike) -> list[dict]:
     return out
 
 
-def stats_counters(records: list[dict]) -> dict[str, object]:
-    """`phase.field` -> value for every exact counter (timings left out)."""
-    out: dict[str, object] = {}
-    for r in records:
-        for k, v in r.items():
-            if k != "phase" and k not in STATS_TIMING_FIELDS:
-                out[f"{r['phase']}.{k}"] = v
-    return out
+def counters_of(records: list[dict]) -> dict[str, dict]:
+    """{phase: {field: value}} of every exact counter (timings left out): the one
+    representation of counters that epmci.compare.counters diffs."""
+    return {r["phase"]: {k: v for k, v in r.items() if k != "phase" and k not in STATS_TIMING_FIELDS}
+            for r in records}
 
 
 def stats_total(records: list[dict], name: str) -> float:

@@ -1,4 +1,4 @@
-"""Numerical comparisons of engine output with the reference, as data plus one-line text."""
+"""Elementwise comparison of engine output with the reference, as data plus one-line text."""
 
 from __future__ import annotations
 
@@ -6,7 +6,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..config import Tolerance
+
+@dataclass
+class Tolerance:
+    """An engine value e passes against the reference value r when |e - r| <= atol + rtol*|r|
+    elementwise (and is not NaN). 0/0 means bit-for-bit equal (except the sign of zero)."""
+    atol: float = 0.0
+    rtol: float = 0.0
 
 
 @dataclass
@@ -73,70 +79,3 @@ def compare_arrays(got: np.ndarray, ref: np.ndarray, tol: Tolerance) -> ArrayDif
     rows = np.nonzero(bad.reshape(bad.shape[0], -1).any(axis=1))[0] if bad.ndim > 1 else np.nonzero(bad)[0]
     return ArrayDiff(int(got.size), int(bad.sum()), max_abs, max_abs / scale if scale else max_abs,
                      scale, worst, rows, int(nan.sum()))
-
-
-# ------------------------------------------------------------------ logits
-
-def log_softmax64(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float64)
-    z = x - x.max(axis=-1, keepdims=True)
-    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
-
-
-@dataclass
-class LogitsDiff:
-    rows_a: int
-    rows_b: int
-    identical: bool            # same shape and the same bytes
-    rows_differ: int
-    first_row_differ: int | None
-    max_abs: float
-    argmax_agree: int          # rows whose argmax (first maximum) agrees
-    max_kl: float              # max over rows of KL(softmax(a) || softmax(b)), nats
-
-    def props(self) -> dict:
-        return {"rows": self.rows_a, "rows_other": self.rows_b, "identical": self.identical,
-                "rows_differ": self.rows_differ, "max_abs_err": self.max_abs,
-                "argmax_agree": self.argmax_agree, "max_kl": self.max_kl}
-
-    def text(self) -> str:
-        if self.rows_a != self.rows_b:
-            return f"row counts differ ({self.rows_a} vs {self.rows_b})"
-        if self.identical:
-            return f"{self.rows_a} rows byte-identical"
-        return (f"{self.rows_differ}/{self.rows_a} rows differ (first row {self.first_row_differ}), "
-                f"max_abs_err {self.max_abs:.3g}, argmax agrees on {self.argmax_agree}/{self.rows_a}, "
-                f"max KL {self.max_kl:.3g}")
-
-
-def compare_logits(a: np.ndarray, b: np.ndarray) -> LogitsDiff:
-    """a: the reference side (e.g. --no-pager or the first run), b: the side under test."""
-    if a.shape != b.shape:
-        return LogitsDiff(a.shape[0], b.shape[0], False, max(a.shape[0], b.shape[0]), 0,
-                          float("inf"), 0, float("inf"))
-    identical = a.tobytes() == b.tobytes()
-    neq = (a.view(np.uint32) != b.view(np.uint32)).any(axis=1) if a.size else np.zeros(0, bool)
-    rows = np.nonzero(neq)[0]
-    d = np.abs(a.astype(np.float64) - b.astype(np.float64))
-    max_abs = float(np.nanmax(d)) if d.size else 0.0
-    agree = int((a.argmax(axis=1) == b.argmax(axis=1)).sum()) if a.size else 0
-    if a.size:
-        la, lb = log_softmax64(a), log_softmax64(b)
-        kl = float(np.max((np.exp(la) * (la - lb)).sum(axis=1)))
-    else:
-        kl = 0.0
-    return LogitsDiff(a.shape[0], b.shape[0], identical, int(len(rows)),
-                      int(rows[0]) if len(rows) else None, max_abs, agree, kl)
-
-
-def logits_verdict(diff: LogitsDiff, mode: str, max_kl: float) -> bool:
-    """exact: byte-identical; argmax: every row's argmax agrees; kl: max KL <= max_kl."""
-    if diff.rows_a != diff.rows_b or diff.rows_a == 0:
-        return False
-    if mode == "exact":
-        return diff.identical
-    if mode == "argmax":
-        return diff.argmax_agree == diff.rows_a
-    if mode == "kl":
-        return bool(np.isfinite(diff.max_kl)) and diff.max_kl <= max_kl
-    raise ValueError(mode)

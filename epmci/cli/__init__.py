@@ -1,0 +1,34 @@
+"""The `epmci` command: a thin shell over the library, one module per command (parse the
+arguments, make one library call, render, return the exit code). Exit 0 ok, 1 a check
+failed, 2 the tool could not run (bad input: one line on stderr)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..errors import InputError
+from . import bench, build, check, golden, model
+
+COMMANDS = (model, build, check, golden, bench)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="epmci", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+    for command in COMMANDS:
+        command.add_parser(sub)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except InputError as e:
+        print(f"epmci: error: {e.where}: {e.problem}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,36 @@
+"""`epmci build`: compile the engine (the bundled engine's numba cache) or run its build command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..check.runner import build_for_check
+from ..contract.process import EngineCommand
+from ..gguf.facts import ModelFacts
+from ..gguf.file import ModelFile
+from ..synth.store import resolve_model
+from .options import add_config_args, config_from_args
+
+
+def add_parser(sub) -> None:
+    b = sub.add_parser("build", help="compile the engine (numba cache) or run its build command; "
+                                     "exit 2 on failure")
+    add_config_args(b)
+    b.set_defaults(func=run)
+
+
+def run(a: argparse.Namespace) -> int:
+    cfg = config_from_args(a)
+    model = resolve_model(cfg.model)
+    engine = EngineCommand.from_setting(cfg.engine.cmd, cfg.engine.env)
+    facts = ModelFacts.of(ModelFile(model), cfg.run.slot_align, cfg.run.slot_windows)
+    print(f"epmci build: {engine.describe()} on {model}", flush=True)
+    r = build_for_check(cfg, engine, model, facts)
+    if not r.ok:
+        print(f"epmci: error: engine build failed: {r.message}", file=sys.stderr)
+        if r.stderr_tail:
+            print(r.stderr_tail, file=sys.stderr)
+        return 2
+    print(f"epmci build: {r.message}")
+    return 0

@@ -1,0 +1,46 @@
+"""`epmci check`: the gate. Exit 0 all passed, 1 a check failed, 2 the tool could not run."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .. import report as rep
+from ..check.runner import run_check
+from .options import add_check_args, add_config_args, add_perf_args, config_from_args
+
+
+def add_parser(sub) -> None:
+    c = sub.add_parser("check", help="the correctness gate: every layer vs the NumPy reference")
+    add_config_args(c)
+    add_check_args(c)
+    c.add_argument("--junit-xml", metavar="PATH", help="write JUnit XML")
+    c.add_argument("--json", metavar="PATH", help="write the report as JSON")
+    c.add_argument("--no-build", action="store_true", help="do not build the engine first")
+    c.add_argument("--workdir", help="where engine outputs go (default: a temp dir)")
+    c.add_argument("--keep-work", action="store_true", help="keep engine outputs even when all passed")
+    c.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    add_perf_args(c)
+    c.set_defaults(func=run)
+
+
+def run(a: argparse.Namespace) -> int:
+    cfg = config_from_args(a)
+    out = sys.stdout
+    progress = None if a.quiet else rep.ConsoleProgress(out)
+    print(f"epmci check: model {cfg.model}, engine {'bundled' if cfg.engine.cmd is None else cfg.engine.cmd}, "
+          f"suites {','.join(cfg.suites)}{' (--fast)' if cfg.fast else ''}, config {cfg.source}", flush=True)
+    report = run_check(cfg, progress, build=not a.no_build, workdir=a.workdir, keep_work=a.keep_work,
+                       note=None if a.quiet else (lambda s: print(s, flush=True)))
+    print(file=out)
+    print(rep.render_console(report), file=out, flush=True)
+    if a.junit_xml:
+        rep.write_junit(report, a.junit_xml)
+    if a.json:
+        rep.write_json(report, a.json)
+    rep.append_step_summary(report)
+    if report.meta.get("workdir_kept"):
+        print(f"engine outputs kept in {report.meta['workdir']}", file=out)
+    if report.tool_error:
+        print(f"epmci: error: {report.tool_error}", file=sys.stderr)
+    return report.exit_code

@@ -1,0 +1,135 @@
+"""The settings of `epmci check`, `epmci build`, `epmci golden` and `epmci bench` as typed
+dataclasses. Their defaults are the single source of truth; the repo's epmci.yaml spells
+them out (a test keeps the two equal)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from ..compare.arrays import Tolerance
+from ..compare.logits import MODES
+
+CONFIG_NAME = "epmci.yaml"
+SUITE_NAMES = ("kernel", "layer", "prefetch-stress", "determinism", "e2e", "perf")
+COMPARE_MODES = MODES
+LAYOUTS = ("mixed", "uniform")
+INCONCLUSIVE = ("skip", "pass", "fail")
+
+
+@dataclass
+class EngineConfig:
+    cmd: str | list[str] | None = None   # None: the bundled engine, `python -m engine`
+    build_cmd: str | list[str] | None = None  # external engine: its build command
+    build_timeout_s: float = 900.0
+    timeout_s: float = 300.0             # every engine run is killed after this
+    threads: int = 1                     # -t (determinism also runs another count)
+    ctx: int = 512                       # -c
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class RunConfig:
+    jobs: int = 0                        # engine runs at once; 0 = one per CPU
+    batch: int = 8                       # -b of the layer, determinism and e2e runs
+    n_predict: int = 4                   # -n of the layer, stress and determinism runs
+    arena_mb: float | str = "auto"       # auto: max(arena_fraction of expert bytes, minimum + margin)
+    arena_fraction: float = 0.25
+    ram_budget_mb: float | None = None   # --ram-budget-mb for every paged run
+    slot_align: int = 4096               # the engine's alignment of expert parts in a slot
+    slot_windows: bool = True            # parts take the aligned file window covering them (O_DIRECT)
+
+
+@dataclass
+class PromptConfig:
+    layer: str = ("The capital of France is Paris, and the capital of Japan is Tokyo. "
+                  "Write one sentence about SSD caching.")
+    stress: str = "Write one sentence about SSD caching, then explain why experts are paged."
+    determinism: str = "The capital of France is"
+    e2e: list[str] = field(default_factory=lambda: [
+        "The", "a", "The capital of France is",
+        "Write one sentence about SSD caching.", "請用一句話介紹你自己。"])
+
+
+@dataclass
+class KernelConfig:
+    pairs: str | list[list[int]] = "auto"  # auto, or [[layer, expert], ...]
+    rows: int = 4
+    tolerance: Tolerance = field(default_factory=Tolerance)
+
+
+@dataclass
+class LayerConfig:
+    layers: str | list[int] = "auto"  # auto: first, middle, last, and every size change
+    tolerance: Tolerance = field(default_factory=Tolerance)
+
+
+@dataclass
+class StressConfig:
+    batch: int = 2
+    queue: int = 256
+    stale_tokens: int = 1
+    layer_ahead: int = 1
+    margin_experts: int = 2          # slots above the minimum, per slot class
+    layouts: list[str] = field(default_factory=lambda: list(LAYOUTS))
+
+
+@dataclass
+class DeterminismConfig:
+    threads_alt: int = 0             # 0: 1 if engine.threads > 1, else 2
+
+
+@dataclass
+class E2EConfig:
+    n_predict: int = 8
+    compare: str = "exact"           # exact | argmax | kl; the bundled engine is always exact
+    max_kl: float = 1e-4
+
+
+@dataclass
+class PerfConfig:
+    profile: str = "local"           # golden/<profile>/<model id>.yaml (--profile)
+    golden_dir: str = "golden"       # relative to the config file's directory (else the cwd)
+    timing: bool = True              # false (or --no-timing): tok/s comparisons reported as skipped
+    base: str | None = None          # --perf-base REF: ABAB against the engine of a git ref
+    scenarios: list[str] = field(default_factory=lambda: ["baseline"])   # experiments of epmci/config/experiments.py
+    prompts: list[str] = field(default_factory=lambda: [
+        "The capital of France is", "請用一句話介紹你自己。"])             # the first one is timed
+    n_predict: int = 16
+    batch: int = 8                   # -b
+    ctx: int = 256                   # -c
+    arena_fraction: float = 0.25     # of all expert bytes (a scenario may override it)
+    ram_budget_mb: float = 1024.0    # --ram-budget-mb of every perf run; peak RSS must stay under it
+    repeats: int = 5                 # timed runs per scenario (check and golden update)
+    fast_repeats: int = 3            # with --fast
+    max_repeats: int = 9             # an UNKNOWN verdict buys more runs, up to this many
+    alpha: float = 0.05              # p-value below which a difference is significant
+    min_effect: float = 0.05         # smallest tok/s change (relative) that counts
+    inconclusive: str = "skip"       # status of a verdict still UNKNOWN at the cap: skip | pass | fail
+    base_pairs: int = 8              # --perf-base: ABBA pairs before the first verdict
+    base_max_pairs: int = 12         # UNKNOWN buys more pairs, up to this many
+    base_n_predict: int = 64         # --perf-base runs: longer decode, steadier tok/s (docs/perf-gate.md)
+    paired_test: str = "wilcoxon"    # --perf-base p-value: wilcoxon (signed-rank) | sign
+    golden_rows: int = 8             # logits rows per prompt kept in the golden side file
+
+
+@dataclass
+class CheckConfig:
+    model: str = "ci"                # preset name (made on first use) or a GGUF path
+    suites: list[str] = field(default_factory=lambda: list(SUITE_NAMES))
+    fast: bool = False               # skip e2e
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    prompts: PromptConfig = field(default_factory=PromptConfig)
+    kernel: KernelConfig = field(default_factory=KernelConfig)
+    layer: LayerConfig = field(default_factory=LayerConfig)
+    prefetch_stress: StressConfig = field(default_factory=StressConfig)
+    determinism: DeterminismConfig = field(default_factory=DeterminismConfig)
+    e2e: E2EConfig = field(default_factory=E2EConfig)
+    perf: PerfConfig = field(default_factory=PerfConfig)
+    source: str = field(default="<defaults>", metadata={"internal": True})
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d.pop("source")
+        return d

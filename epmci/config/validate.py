@@ -1,0 +1,117 @@
+"""Validation of a loaded configuration: every bad value is an InputError naming the file
+(exit 2 before any engine runs)."""
+
+from __future__ import annotations
+
+import re
+
+from ..compare.stats import per_look_alpha, smallest_p
+from ..errors import InputError
+from .experiments import EXPERIMENTS
+from .schema import COMPARE_MODES, INCONCLUSIVE, LAYOUTS, SUITE_NAMES, CheckConfig, PerfConfig
+
+
+def validate(cfg: CheckConfig) -> None:
+    w = cfg.source
+    bad = [s for s in cfg.suites if s not in SUITE_NAMES]
+    if bad:
+        raise InputError(w, f"suites: unknown {bad} (choose from {', '.join(SUITE_NAMES)})")
+    if not cfg.suites:
+        raise InputError(w, "suites: empty")
+    e, r = cfg.engine, cfg.run
+    for key, val, lo in (("engine.threads", e.threads, 1), ("engine.ctx", e.ctx, 16),
+                         ("run.jobs", r.jobs, 0), ("run.batch", r.batch, 1),
+                         ("run.n_predict", r.n_predict, 1), ("run.slot_align", r.slot_align, 1),
+                         ("kernel.rows", cfg.kernel.rows, 1),
+                         ("prefetch_stress.batch", cfg.prefetch_stress.batch, 1),
+                         ("prefetch_stress.queue", cfg.prefetch_stress.queue, 1),
+                         ("prefetch_stress.stale_tokens", cfg.prefetch_stress.stale_tokens, 0),
+                         ("prefetch_stress.margin_experts", cfg.prefetch_stress.margin_experts, 0),
+                         ("determinism.threads_alt", cfg.determinism.threads_alt, 0),
+                         ("e2e.n_predict", cfg.e2e.n_predict, 1)):
+        if val < lo:
+            raise InputError(w, f"{key} must be >= {lo}, got {val}")
+    for key, t in (("engine.timeout_s", e.timeout_s), ("engine.build_timeout_s", e.build_timeout_s)):
+        if not t > 0:
+            raise InputError(w, f"{key} must be > 0, got {t}")
+    if isinstance(r.arena_mb, str) and r.arena_mb != "auto":
+        raise InputError(w, f"run.arena_mb must be a number of MiB or 'auto', got {r.arena_mb!r}")
+    if not isinstance(r.arena_mb, str) and r.arena_mb <= 0:
+        raise InputError(w, f"run.arena_mb must be > 0, got {r.arena_mb}")
+    if not 0 < r.arena_fraction <= 1:
+        raise InputError(w, f"run.arena_fraction must be in (0, 1], got {r.arena_fraction}")
+    if isinstance(cfg.kernel.pairs, str):
+        if cfg.kernel.pairs != "auto":
+            raise InputError(w, f"kernel.pairs must be 'auto' or [[layer, expert], ...], got {cfg.kernel.pairs!r}")
+    elif not cfg.kernel.pairs or any(len(p) != 2 for p in cfg.kernel.pairs):
+        raise InputError(w, "kernel.pairs must be 'auto' or a non-empty list of [layer, expert]")
+    if isinstance(cfg.layer.layers, str):
+        if cfg.layer.layers != "auto":
+            raise InputError(w, f"layer.layers must be 'auto' or a list of layers, got {cfg.layer.layers!r}")
+    elif not cfg.layer.layers:
+        raise InputError(w, "layer.layers must be 'auto' or a non-empty list")
+    bad = [x for x in cfg.prefetch_stress.layouts if x not in LAYOUTS]
+    if bad or not cfg.prefetch_stress.layouts:
+        raise InputError(w, f"prefetch_stress.layouts must be a non-empty subset of {list(LAYOUTS)}")
+    if cfg.e2e.compare not in COMPARE_MODES:
+        raise InputError(w, f"e2e.compare must be one of {', '.join(COMPARE_MODES)}, got {cfg.e2e.compare!r}")
+    if not cfg.e2e.max_kl >= 0:
+        raise InputError(w, f"e2e.max_kl must be >= 0, got {cfg.e2e.max_kl}")
+    validate_perf(cfg.perf, w)
+    for key, tol in (("kernel.tolerance", cfg.kernel.tolerance), ("layer.tolerance", cfg.layer.tolerance)):
+        if not (tol.atol >= 0 and tol.rtol >= 0):
+            raise InputError(w, f"{key}: atol and rtol must be >= 0")
+    prompts = [cfg.prompts.layer, cfg.prompts.stress, cfg.prompts.determinism, *cfg.prompts.e2e]
+    if not cfg.prompts.e2e or any(not p for p in prompts):
+        raise InputError(w, "prompts: every prompt must be non-empty, and e2e needs at least one")
+    for key, cmd in (("engine.cmd", e.cmd), ("engine.build_cmd", e.build_cmd)):
+        if cmd is not None and not (cmd if isinstance(cmd, list) else str(cmd).strip()):
+            raise InputError(w, f"{key} is empty")
+
+
+def validate_perf(p: PerfConfig, where: str) -> None:
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", p.profile or ""):
+        raise InputError(where, f"perf.profile must be letters, digits, '.', '_' or '-', got {p.profile!r}")
+    if not p.golden_dir:
+        raise InputError(where, "perf.golden_dir is empty")
+    if p.base is not None and not str(p.base).strip():
+        raise InputError(where, "perf.base (--perf-base) is empty")
+    if not p.scenarios:
+        raise InputError(where, "perf.scenarios: empty")
+    bad = [s for s in p.scenarios if s not in EXPERIMENTS]
+    if bad:
+        raise InputError(where, f"perf.scenarios: unknown {bad} (experiments of `epmci bench`: "
+                                f"{', '.join(EXPERIMENTS)})")
+    if len(set(p.scenarios)) != len(p.scenarios):
+        raise InputError(where, "perf.scenarios: duplicates")
+    if not p.prompts or any(not x for x in p.prompts):
+        raise InputError(where, "perf.prompts: needs at least one non-empty prompt")
+    for key, val, lo in (("perf.n_predict", p.n_predict, 2), ("perf.batch", p.batch, 1),
+                         ("perf.ctx", p.ctx, 16), ("perf.repeats", p.repeats, 3),
+                         ("perf.fast_repeats", p.fast_repeats, 3), ("perf.max_repeats", p.max_repeats, 3),
+                         ("perf.base_pairs", p.base_pairs, 2), ("perf.base_max_pairs", p.base_max_pairs, 2),
+                         ("perf.golden_rows", p.golden_rows, 1), ("perf.base_n_predict", p.base_n_predict, 2)):
+        if val < lo:
+            raise InputError(where, f"{key} must be >= {lo}, got {val}")
+    if p.max_repeats < max(p.repeats, p.fast_repeats):
+        raise InputError(where, "perf.max_repeats must be >= perf.repeats and perf.fast_repeats")
+    if p.base_max_pairs < p.base_pairs:
+        raise InputError(where, "perf.base_max_pairs must be >= perf.base_pairs")
+    look_alpha = per_look_alpha(p.alpha, p.base_pairs, p.base_max_pairs)
+    if smallest_p(p.base_pairs) >= look_alpha:
+        raise InputError(where, f"perf.base_pairs={p.base_pairs} can never give a verdict: its smallest p-value "
+                                f"{smallest_p(p.base_pairs):.3g} is not below alpha per look {look_alpha:.3g}; "
+                                f"use more pairs, fewer looks or a larger alpha")
+    if not 0 < p.arena_fraction <= 1:
+        raise InputError(where, f"perf.arena_fraction must be in (0, 1], got {p.arena_fraction}")
+    if not p.ram_budget_mb > 0:
+        raise InputError(where, f"perf.ram_budget_mb must be > 0, got {p.ram_budget_mb}")
+    if not 0 < p.alpha < 1:
+        raise InputError(where, f"perf.alpha must be in (0, 1), got {p.alpha}")
+    if not 0 <= p.min_effect < 1:
+        raise InputError(where, f"perf.min_effect must be in [0, 1), got {p.min_effect}")
+    if p.paired_test not in ("wilcoxon", "sign"):
+        raise InputError(where, f"perf.paired_test must be wilcoxon or sign, got {p.paired_test!r}")
+    if p.inconclusive not in INCONCLUSIVE:
+        raise InputError(where, f"perf.inconclusive must be one of {', '.join(INCONCLUSIVE)}, "
+                                f"got {p.inconclusive!r}")

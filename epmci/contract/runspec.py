@@ -1,0 +1,73 @@
+"""The one place an engine command line is built (docs/engine-contract.md, Command line).
+
+A RunSpec is what one engine run is asked to do -- always greedy, seed 0, raw prompt
+(--no-chat), stats and logits written into the run's output directory. The correctness
+suites, the perf measurements, golden recording, --perf-base and `epmci bench` all build
+their runs from it; the selftest has its own small builder below.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..units import arena_flag
+from .process import EngineCommand, EngineRun, run_engine
+
+STATS_FILE = "stats.jsonl"
+LOGITS_FILE = "logits.bin"
+
+
+@dataclass
+class RunSpec:
+    prompt: str
+    n_predict: int = 16
+    batch: int = 8
+    ctx: int = 256
+    threads: int = 1
+    pager: bool = True                   # False: --no-pager (and none of the pager's flags)
+    arena_mb: float | None = None        # None: the engine's default arena
+    ram_budget_mb: float | None = None
+    prefetch: bool = True
+    env: dict = field(default_factory=dict)
+    profile_out: str | None = None       # --profile-out PATH
+
+    def args(self, model: str | os.PathLike, out: Path) -> list[str]:
+        a = ["-m", str(model), "-p", self.prompt, "-n", str(self.n_predict), "-c", str(self.ctx),
+             "-t", str(self.threads), "-b", str(self.batch), "--temp", "0", "--seed", "0",
+             "--no-chat", "--no-interactive", "--stats-file", str(out / STATS_FILE),
+             "--dump-logits", "--logits-out", str(out / LOGITS_FILE)]
+        if not self.pager:
+            return a + ["--no-pager"]
+        if self.arena_mb is not None:
+            a += ["--arena-mb", arena_flag(self.arena_mb)]
+        if self.ram_budget_mb is not None:
+            a += ["--ram-budget-mb", f"{self.ram_budget_mb:g}"]
+        if not self.prefetch:
+            a.append("--no-prefetch")
+        if self.profile_out:
+            a += ["--profile-out", str(self.profile_out)]
+        return a
+
+    def settings(self) -> dict:
+        """The settings a baseline depends on (recorded in golden files)."""
+        return {"n_predict": self.n_predict, "batch": self.batch, "ctx": self.ctx, "threads": self.threads,
+                "arena_mb": None if self.arena_mb is None else round(self.arena_mb, 6),
+                "ram_budget_mb": self.ram_budget_mb, "prefetch": self.prefetch,
+                "env": dict(sorted(self.env.items()))}
+
+
+def run(engine: EngineCommand, model: str | os.PathLike, spec: RunSpec, out: Path, *, timeout: float,
+        label: str = "", env: dict | None = None, cwd: str | os.PathLike | None = None) -> EngineRun:
+    """Run `spec` with its outputs in `out`; `env` is added under the spec's own."""
+    return run_engine(engine, spec.args(model, out), timeout=timeout, label=label,
+                      env={**(env or {}), **{str(k): str(v) for k, v in spec.env.items()}},
+                      cwd=cwd, threads=spec.threads)
+
+
+def selftest_args(model: str | os.PathLike, layer: int, expert: int, rows: int, out: Path, *,
+                  threads: int, ctx: int, batch: int, arena_mb: float) -> list[str]:
+    """--selftest L:E:N:OUT through the paged path, with the run's pager settings."""
+    return ["-m", str(model), "-t", str(threads), "-c", str(ctx), "-b", str(batch),
+            "--arena-mb", arena_flag(arena_mb), "--selftest", f"{layer}:{expert}:{rows}:{out}"]

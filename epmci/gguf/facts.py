@@ -1,0 +1,64 @@
+"""Expert layout facts of a model file as docs/engine-contract.md defines them (slot sizes,
+slot classes, the minimum arena), derived from the file, never from the engine."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from ..units import round_up
+from .file import EXPERT_PARTS, ModelFile
+
+
+def slot_part_bytes(offset: int, n_bytes: int, n_expert: int, file_size: int, align: int,
+                    windows: bool) -> int:
+    """Slot bytes of one expert part: with aligned windows, a part whose size is a multiple of
+    `align` takes the aligned file range that covers it (when the last expert's range ends
+    inside the file); else its own bytes, rounded up to `align`."""
+    head = offset % align
+    window = round_up(head + n_bytes, align)
+    if windows and head and n_bytes % align == 0 and offset - head + (n_expert - 1) * n_bytes + window <= file_size:
+        return window
+    return round_up(n_bytes, align)
+
+
+@dataclass
+class ModelFacts:
+    n_layer: int
+    n_expert: int
+    n_expert_used: int
+    n_embd: int
+    types: list[tuple[str, str, str]]   # per layer: gate, up, down quant type names
+    expert_bytes: list[int]             # per layer: gate + up + down bytes
+    slot_bytes: list[int]               # per layer: the slot bytes of its three parts
+
+    @classmethod
+    def of(cls, mf: ModelFile, align: int, windows: bool = True) -> "ModelFacts":
+        hp = mf.hp
+        file_size = os.path.getsize(mf.path)
+        types, eb, sb = [], [], []
+        for il in range(hp.n_layer):
+            parts = [mf.expert_range(il, 0, p) for p in EXPERT_PARTS]
+            types.append(tuple(p.qtype.name for p in parts))
+            eb.append(sum(p.n_bytes for p in parts))
+            sb.append(sum(slot_part_bytes(p.offset, p.n_bytes, hp.n_expert, file_size, align, windows)
+                          for p in parts))
+        return cls(hp.n_layer, hp.n_expert, hp.n_expert_used, hp.n_embd, types, eb, sb)
+
+    def describe_layer(self, il: int) -> str:
+        return f"{'/'.join(self.types[il])}, {self.expert_bytes[il]} B"
+
+    def slot_classes(self, uniform: bool) -> list[int]:
+        """Slot sizes of the arena: one class (the largest) when uniform or when the model has
+        one size; else the largest and the second largest (mixed)."""
+        sizes = sorted(set(self.slot_bytes))
+        return [sizes[-1]] if uniform or len(sizes) == 1 else sizes[-2:]
+
+    def min_arena_bytes(self, batch: int, uniform: bool, margin_slots: int = 0) -> int:
+        """One layer's routed experts for one micro-batch, min(n_expert, batch*top_k) slots,
+        in every slot class (a small layer cannot borrow a large slot, nor the reverse)."""
+        need = min(self.n_expert, batch * self.n_expert_used) + margin_slots
+        return sum(need * s for s in self.slot_classes(uniform))
+
+    def total_expert_bytes(self) -> int:
+        return sum(self.expert_bytes) * self.n_expert

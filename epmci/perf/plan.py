@@ -1,0 +1,73 @@
+"""The plan of a perf comparison, resolved once: the model's identity and its golden baseline
+for the profile, this machine's fingerprint, the measurement settings, and each scenario's
+runs (one RunSpec per prompt of perf.prompts). Shared by the perf suite and golden recording."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..config.experiments import EXPERIMENTS
+from ..config.schema import CheckConfig
+from ..contract.runspec import RunSpec
+from ..errors import InputError
+from ..gguf.facts import ModelFacts
+from ..gguf.identity import model_identity
+from . import abba
+from .golden import Golden, find, golden_path, golden_root
+from .machine import fingerprint
+
+
+@dataclass
+class PerfPlan:
+    cfg: CheckConfig
+    facts: ModelFacts
+    model_id: dict
+    golden: Golden | None
+    golden_file: Path
+    profile: str
+    machine: dict
+    settings: dict
+    specs: dict = field(default_factory=dict)     # scenario -> [RunSpec per prompt]
+    repeats: int = 3
+    base_sha: str | None = None
+    repo: Path | None = None
+
+    def record_hint(self) -> str:
+        return f"epmci golden update --profile {self.profile} --reason \"...\""
+
+    def scenario_specs(self, name: str, routing: str | None = None) -> list[RunSpec]:
+        """The scenario's run per prompt; `routing`: the --profile-out file its hot pins read."""
+        pc = self.cfg.perf
+        fixed = {"n_predict": pc.n_predict, "ctx": pc.ctx, "batch": pc.batch, "threads": self.cfg.engine.threads,
+                 "arena_fraction": pc.arena_fraction, "ram_budget_mb": pc.ram_budget_mb}
+        return [EXPERIMENTS[name].spec(p, fixed, self.facts, routing) for p in pc.prompts]
+
+
+def perf_settings(cfg: CheckConfig) -> dict:
+    pc = cfg.perf
+    return {"prompts": list(pc.prompts), "n_predict": pc.n_predict, "batch": pc.batch, "ctx": pc.ctx,
+            "threads": cfg.engine.threads, "ram_budget_mb": pc.ram_budget_mb, "golden_rows": pc.golden_rows}
+
+
+def prepare(cfg: CheckConfig, model_path: Path, facts: ModelFacts, load_golden: bool = True) -> PerfPlan:
+    """Golden lookup (InputError for an unusable golden file: exit 2) and run settings."""
+    pc = cfg.perf
+    ident = model_identity(model_path)
+    root = golden_root(pc.golden_dir, cfg.source)
+    gfile = golden_path(root, pc.profile, ident["id"])
+    golden = find(root, pc.profile, ident["id"]) if load_golden else None
+    if golden is not None and golden.model.get("sha256") != ident["sha256"]:
+        raise InputError(gfile, f"recorded for model sha256 {golden.model['sha256'][:16]}..., but "
+                                f"{model_path} has sha256 {ident['sha256'][:16]}... (same id {ident['id']}): "
+                                f"the model generator changed without a version bump, or the file is damaged")
+    plan = PerfPlan(cfg, facts, ident, golden, gfile, pc.profile, fingerprint(model_path.parent),
+                    perf_settings(cfg))
+    plan.repeats = pc.fast_repeats if cfg.fast else pc.repeats
+    for name in pc.scenarios:
+        plan.specs[name] = plan.scenario_specs(name)
+    if pc.base and load_golden:
+        start = Path(cfg.source).parent if cfg.source not in (None, "<defaults>") else Path.cwd()
+        plan.repo = abba.repo_root(start)
+        plan.base_sha = abba.resolve_ref(plan.repo, pc.base)
+    return plan
