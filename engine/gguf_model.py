@@ -1,4 +1,10 @@
-"""Load a qwen3moe GGUF for the engine: hyperparameters from metadata, tensors as views.
+"""Load a qwen3moe GGUF for the engine: hyperparameters and vocabulary from metadata,
+tensors as views.
+
+A file the engine cannot use is a ModelError naming the file and the problem (the CLI's one
+line, exit 2), raised before anything large is read: gguf-py's parse errors, metadata strings
+that are not UTF-8, tensor data not laid out as llama.cpp's loader requires, hyperparameters
+that are no positive number, shapes, and the tokenizer's refusals (duplicate tokens, ...).
 
 Every tensor starts as a view into one read-only memory map of the file. `load_resident`
 then reads the non-expert tensors (attention, norms, router, embeddings, output) into
@@ -10,15 +16,17 @@ mapped: the pager (engine/paging/) decides how their bytes reach RAM.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGUFReader
+from gguf import GGML_QUANT_SIZES, GGUFReader, GGUFValueType
 from gguf import GGMLQuantizationType as Q
 
 from .qtypes import QTYPES
+from .tokenizer import Tokenizer
 
 ARCH = "qwen3moe"
 SUPPORTED = {Q(t) for t in QTYPES}
@@ -78,16 +86,17 @@ class GGUFModel:
             self.reader = GGUFReader(self.path)
         except Exception as e:
             raise ModelError(f"{self.path}: corrupt or truncated GGUF ({type(e).__name__}: {e})") from None
+        self._check_strings()
         arch = self._meta("general.architecture", None)
         if arch != ARCH:
             raise ModelError(f"{self.path}: unsupported architecture {arch!r} (engine runs {ARCH})")
+        for t in self.reader.tensors:   # before the layout: the clearer word for a retyped tensor
+            if Q(t.tensor_type) not in SUPPORTED:
+                raise ModelError(f"{self.path}: tensor {t.name} has unsupported type {Q(t.tensor_type).name}")
+        self._check_layout(size)
         self.tensors: dict[str, Tensor] = {}
         for t in self.reader.tensors:
             qtype = Q(t.tensor_type)
-            if qtype not in SUPPORTED:
-                raise ModelError(f"{self.path}: tensor {t.name} has unsupported type {qtype.name}")
-            if int(t.data_offset) + int(t.n_bytes) > size:
-                raise ModelError(f"{self.path}: truncated (tensor {t.name} runs past end of file)")
             shape = tuple(int(d) for d in t.field.parts[3])
             block, bsize = GGML_QUANT_SIZES[qtype]
             rows = shape[1:][::-1]
@@ -98,6 +107,34 @@ class GGUFModel:
             self.tensors[t.name] = Tensor(t.name, qtype, shape, int(t.data_offset), data)
         self.hp = self._hparams()
         self._check_shapes()
+        self.tokenizer = self._tokenizer()
+
+    def _check_strings(self) -> None:
+        """GGUF strings are UTF-8: a key whose bytes are not is named here, before anything
+        decodes it."""
+        for key, field in self.reader.fields.items():
+            if not field.types or field.types[-1] != GGUFValueType.STRING:
+                continue
+            for n, i in enumerate(field.data):
+                try:
+                    bytes(field.parts[i]).decode("utf-8")
+                except UnicodeDecodeError as e:
+                    where = f"{key}[{n}]" if field.types[0] == GGUFValueType.ARRAY else key
+                    raise ModelError(f"{self.path}: metadata {where} is not valid UTF-8 "
+                                     f"({e.reason} at byte {e.start})") from None
+
+    def _check_layout(self, size: int) -> None:
+        """Tensor data as llama.cpp's GGUF loader requires it: in tensor-info order, each
+        tensor where the previous one ends padded to the alignment, all inside the file."""
+        align, start, want = int(self.reader.alignment), int(self.reader.data_offset), 0
+        for t in self.reader.tensors:
+            at = int(t.data_offset) - start
+            if at != want:
+                raise ModelError(f"{self.path}: tensor {t.name} has data offset {at}, expected {want} "
+                                 f"(tensors in order, each padded to {align} bytes)")
+            if start + at + int(t.n_bytes) > size:
+                raise ModelError(f"{self.path}: truncated (tensor {t.name} runs past end of file)")
+            want += -(-int(t.n_bytes) // align) * align
 
     def _meta(self, key: str, default=KeyError):
         field = self.reader.get_field(key)
@@ -107,22 +144,33 @@ class GGUFModel:
             return default
         return field.contents()
 
+    def _meta_positive(self, key: str, kind: type, default=KeyError):
+        """The value as kind (int: a count, truncated as int() does; float: a scale), > 0."""
+        v = self._meta(key, default)
+        try:
+            x = kind(v)
+        except (TypeError, ValueError, OverflowError):
+            x = 0
+        if not (math.isfinite(x) and x > 0):
+            raise ModelError(f"{self.path}: metadata {key} must be a positive {kind.__name__}, got {v!r}")
+        return x
+
     def _hparams(self) -> HParams:
         p = ARCH + "."
-        n_embd = int(self._meta(p + "embedding_length"))
-        n_head = int(self._meta(p + "attention.head_count"))
+        n_embd = self._meta_positive(p + "embedding_length", int)
+        n_head = self._meta_positive(p + "attention.head_count", int)
         hp = HParams(
-            n_layer=int(self._meta(p + "block_count")),
-            n_ctx_train=int(self._meta(p + "context_length")),
+            n_layer=self._meta_positive(p + "block_count", int),
+            n_ctx_train=self._meta_positive(p + "context_length", int),
             n_embd=n_embd,
-            n_ff_exp=int(self._meta(p + "expert_feed_forward_length")),
-            n_expert=int(self._meta(p + "expert_count")),
-            n_expert_used=int(self._meta(p + "expert_used_count")),
+            n_ff_exp=self._meta_positive(p + "expert_feed_forward_length", int),
+            n_expert=self._meta_positive(p + "expert_count", int),
+            n_expert_used=self._meta_positive(p + "expert_used_count", int),
             n_head=n_head,
-            n_head_kv=int(self._meta(p + "attention.head_count_kv", n_head)),
-            head_dim=int(self._meta(p + "attention.key_length", n_embd // n_head)),
-            rms_eps=float(self._meta(p + "attention.layer_norm_rms_epsilon")),
-            rope_base=float(self._meta(p + "rope.freq_base", 10000.0)),
+            n_head_kv=self._meta_positive(p + "attention.head_count_kv", int, n_head),
+            head_dim=self._meta_positive(p + "attention.key_length", int, n_embd // n_head),
+            rms_eps=self._meta_positive(p + "attention.layer_norm_rms_epsilon", float),
+            rope_base=self._meta_positive(p + "rope.freq_base", float, 10000.0),
             n_vocab=self.tensor("token_embd.weight").shape[1],
         )
         if not 0 < hp.n_expert_used <= hp.n_expert:
@@ -160,6 +208,16 @@ class GGUFModel:
             for i in range(hp.n_layer):
                 if self.tensor(f"blk.{i}.{name}.weight").qtype != Q.F32:
                     raise ModelError(f"{self.path}: blk.{i}.{name}.weight must be F32")
+
+    def _tokenizer(self) -> Tokenizer:
+        try:
+            tok = Tokenizer.from_gguf(self.reader)
+        except ValueError as e:   # the vocabulary cannot be used (duplicates, types, ...)
+            raise ModelError(f"{self.path}: {e}") from None
+        if tok.n_vocab != self.hp.n_vocab:
+            raise ModelError(f"{self.path}: vocabulary has {tok.n_vocab} tokens, "
+                             f"token_embd.weight has {self.hp.n_vocab} rows")
+        return tok
 
     def layer(self, il: int, name: str) -> Tensor:
         return self.tensor(f"blk.{il}.{name}.weight")

@@ -16,7 +16,6 @@ from .gguf_model import GGUFModel
 from .model import ExpertStore, Model, ResidentExperts, kv_cache_bytes
 from .paging.config import PagerConfig
 from .stats import PhaseStats, phase_counters
-from .tokenizer import Tokenizer
 
 CHAT_TEMPLATE = "<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
 
@@ -35,7 +34,7 @@ class Engine:
         self.options = options or Options()
         kernels.set_threads(self.options.threads)
         self.gm = GGUFModel(model_path)
-        self.tokenizer = Tokenizer.from_gguf(self.gm.reader)
+        self.tokenizer = self.gm.tokenizer
         self.experts: ExpertStore
         if self.options.pager:
             from .paging.pager import Pager   # --no-pager never imports the paging machinery

@@ -7,13 +7,14 @@ independent second implementation.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType
 
 from ..errors import InputError
 
@@ -74,6 +75,7 @@ class ModelFile:
             self.reader = GGUFReader(self.path)
         except Exception as e:  # gguf-py raises ValueError/IndexError/... on damage
             raise InputError(self.path, f"corrupt or truncated GGUF ({type(e).__name__}: {e})") from None
+        self._check_strings()
         arch = self.meta("general.architecture", None)
         if arch != ARCH:
             raise InputError(self.path, f"architecture is {arch!r}, expected {ARCH!r}")
@@ -81,13 +83,14 @@ class ModelFile:
                                            tuple(int(d) for d in t.field.parts[3]),
                                            int(t.data_offset), int(t.n_bytes))
                         for t in self.reader.tensors}
-        size = self.path.stat().st_size
-        for t in self.tensors.values():
-            if t.offset + t.n_bytes > size:
-                raise InputError(self.path, f"truncated: tensor {t.name} ends at byte "
-                                            f"{t.offset + t.n_bytes}, file has {size}")
-        self.hp = self._hparams()
+        self._check_layout()
+        try:
+            self.hp = self._hparams()
+        except (TypeError, ValueError, OverflowError) as e:   # a count or scale that is no number
+            raise InputError(self.path, f"bad hyperparameter metadata ({e})") from None
+        self._check_hparams()
         self._check_shapes()
+        self._check_vocab()
 
     def _check_container(self) -> None:
         if not self.path.exists():
@@ -102,6 +105,70 @@ class ModelFile:
                 raise InputError(self.path, "not a GGUF file (bad magic)")
         if size < 24:
             raise InputError(self.path, "truncated GGUF header")
+
+    def _check_strings(self) -> None:
+        """Every metadata string is UTF-8 (GGUF's rule), so every later read can decode it."""
+        for key, field in self.reader.fields.items():
+            if field.types and field.types[-1] == GGUFValueType.STRING:
+                for n, part in enumerate(field.data):
+                    try:
+                        field.parts[part].tobytes().decode("utf-8")
+                    except UnicodeDecodeError as e:
+                        item = f"[{n}]" if field.types[0] == GGUFValueType.ARRAY else ""
+                        raise InputError(self.path, f"metadata {key}{item} is not valid UTF-8 "
+                                                    f"({e.reason} at byte {e.start})") from None
+
+    def _check_layout(self) -> None:
+        """The tensor data layout llama.cpp's GGUF loader insists on: tensors in info order,
+        each at the previous one's end rounded up to the alignment, none past the file's end."""
+        size, align = self.path.stat().st_size, int(self.reader.alignment)
+        expected = int(self.reader.data_offset)
+        for t in self.tensors.values():
+            if t.offset != expected:
+                raise InputError(self.path, f"tensor {t.name} data starts at byte {t.offset}, expected "
+                                            f"{expected} (in order, padded to {align} bytes)")
+            if t.offset + t.n_bytes > size:
+                raise InputError(self.path, f"truncated: tensor {t.name} ends at byte "
+                                            f"{t.offset + t.n_bytes}, file has {size}")
+            expected += (t.n_bytes + align - 1) // align * align
+
+    def _check_hparams(self) -> None:
+        hp = self.hp
+        counts = ("n_layer", "n_ctx_train", "n_embd", "n_ff_exp", "n_expert", "n_expert_used",
+                  "n_head", "n_head_kv", "head_dim")
+        for name in counts:
+            if getattr(hp, name) < 1:
+                raise InputError(self.path, f"hyperparameter {name} is {getattr(hp, name)}, must be >= 1")
+        for name in ("rms_eps", "rope_base"):
+            if not (math.isfinite(getattr(hp, name)) and getattr(hp, name) > 0):
+                raise InputError(self.path, f"hyperparameter {name} is {getattr(hp, name)}, must be > 0")
+
+    def _check_vocab(self) -> None:
+        """The vocabulary arrays as a byte-level BPE loader (llama.cpp's, the engine's) needs
+        them: one token string per embedding row, no two alike (empty tokens are named apart,
+        so those may repeat), an INT32 type per token if types are given, and the merges."""
+        def array_of(key: str, item: GGUFValueType, required: bool = True):
+            field = self.reader.get_field(key)
+            if field is None and not required:
+                return None
+            if field is None or field.types[0] != GGUFValueType.ARRAY or field.types[1:] not in ([], [item]):
+                raise InputError(self.path, f"metadata {key} must be an array of {item.name}")
+            return field.contents()
+
+        tokens = array_of("tokenizer.ggml.tokens", GGUFValueType.STRING)
+        if len(tokens) != self.hp.n_vocab:
+            raise InputError(self.path, f"vocabulary has {len(tokens)} tokens, token_embd.weight has "
+                                        f"{self.hp.n_vocab} rows")
+        first: dict[str, int] = {}
+        for i, t in enumerate(tokens):
+            if t and first.setdefault(t, i) != i:
+                raise InputError(self.path, f"duplicate token in vocabulary: {t!r} has ids {first[t]} and {i}")
+        types = array_of("tokenizer.ggml.token_type", GGUFValueType.INT32, required=False)
+        if types is not None and len(types) < len(tokens):
+            raise InputError(self.path, f"tokenizer.ggml.token_type has {len(types)} entries for "
+                                        f"{len(tokens)} tokens")
+        if not array_of("tokenizer.ggml.merges", GGUFValueType.STRING):
+            raise InputError(self.path, "metadata tokenizer.ggml.merges is empty")
 
     def meta(self, key: str, default: object = KeyError) -> object:
         field = self.reader.get_field(key)
