@@ -28,7 +28,7 @@ from engine.paging.config import PagerConfig
 from engine.paging.pager import Pager
 from engine.runtime import Engine, Options
 from engine.selftest import run_selftest
-from epmci.contract_io import read_selftest
+from epmci.contract.outputs import read_selftest
 from epmci.gguf.file import ModelFile
 from epmci.synth.store import make_model
 from epmci.reference.moe import expert_forward
