@@ -1,12 +1,16 @@
-"""Open and validate a qwen3moe GGUF: hyperparameters, tensor index, expert byte ranges.
+"""Open and validate a qwen3moe or qwen35moe GGUF: hyperparameters, tensor index, expert byte ranges.
 
-Everything epmci knows about a model file comes through here. Tensor bytes are read
+Everything epmci knows about a model file comes through here. Both architectures have the
+same routed experts (gate/up/down per layer, paged); qwen35moe adds Gated DeltaNet layers
+beside the full-attention ones and a shared expert per layer, which is a dense tensor set
+and not a paged expert (../shared/docs/qwen35moe-facts.md). Tensor bytes are read
 straight from the file by offset (never through the engine), so the reference stays an
 independent second implementation.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass
@@ -19,8 +23,33 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueTy
 from ..errors import InputError
 
 ARCH = "qwen3moe"
+QWEN35 = "qwen35moe"
+ARCHS = (ARCH, QWEN35)
 GGUF_MAGIC = b"GGUF"
 EXPERT_PARTS = ("gate", "up", "down")
+
+
+@dataclass(frozen=True)
+class SsmHparams:
+    """qwen35moe's Gated DeltaNet (ssm.* keys)."""
+    conv_kernel: int      # Kc
+    state_size: int       # ds: head dim of q, k and v
+    group_count: int      # G: q/k heads
+    time_step_rank: int   # V: value heads
+    inner_size: int       # d_inner = ds * V
+
+    @property
+    def key_dim(self) -> int:
+        return self.state_size * self.group_count
+
+    @property
+    def value_dim(self) -> int:
+        return self.state_size * self.time_step_rank
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the causal conv1d: q, k and v."""
+        return 2 * self.key_dim + self.value_dim
 
 
 @dataclass(frozen=True)
@@ -38,6 +67,18 @@ class Hparams:
     rms_eps: float
     rope_base: float
     n_vocab: int
+    arch: str = ARCH
+    rope_dim: int = 0                      # R: rotated dims per head (qwen3moe: head_dim)
+    rope_sections: tuple[int, ...] = ()    # qwen35moe multi-section RoPE
+    n_ff_shexp: int = 0                    # shared expert FFN; 0 = no shared expert
+    recurrent: tuple[bool, ...] = ()       # per layer: Gated DeltaNet (qwen35moe), else attention
+    ssm: SsmHparams | None = None
+
+    def is_recurrent(self, layer: int) -> bool:
+        return bool(self.recurrent) and self.recurrent[layer]
+
+    def layer_kind(self, layer: int) -> str:
+        return "deltanet" if self.is_recurrent(layer) else "attention"
 
 
 @dataclass(frozen=True)
@@ -65,8 +106,13 @@ class ExpertRange:
     cols: int
 
 
+def _must_be_f32(name: str) -> bool:
+    """qwen35moe tensors llama.cpp's CPU ops take as F32 only (qwen35moe-facts.md §2)."""
+    return name.endswith(("norm.weight", ".ssm_a", "ssm_dt.bias", "ssm_conv1d.weight"))
+
+
 class ModelFile:
-    """A validated qwen3moe GGUF. Raises InputError (path + problem) on anything unusable."""
+    """A validated qwen3moe or qwen35moe GGUF. Raises InputError (path + problem) on anything unusable."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
@@ -77,15 +123,15 @@ class ModelFile:
             raise InputError(self.path, f"corrupt or truncated GGUF ({type(e).__name__}: {e})") from None
         self._check_strings()
         arch = self.meta("general.architecture", None)
-        if arch != ARCH:
-            raise InputError(self.path, f"architecture is {arch!r}, expected {ARCH!r}")
+        if arch not in ARCHS:
+            raise InputError(self.path, f"architecture is {arch!r}, expected one of {', '.join(ARCHS)}")
         self.tensors = {t.name: TensorInfo(t.name, GGMLQuantizationType(t.tensor_type),
                                            tuple(int(d) for d in t.field.parts[3]),
                                            int(t.data_offset), int(t.n_bytes))
                         for t in self.reader.tensors}
         self._check_layout()
         try:
-            self.hp = self._hparams()
+            self.hp = self._hparams(arch)
         except (TypeError, ValueError, OverflowError) as e:   # a count or scale that is no number
             raise InputError(self.path, f"bad hyperparameter metadata ({e})") from None
         self._check_hparams()
@@ -179,8 +225,8 @@ class ModelFile:
         value = field.contents()
         return value
 
-    def _hparams(self) -> Hparams:
-        p = ARCH + "."
+    def _hparams(self, arch: str) -> Hparams:
+        p = arch + "."
         n_embd = int(self.meta(p + "embedding_length"))
         n_head = int(self.meta(p + "attention.head_count"))
         emb = self.tensor("token_embd.weight")
@@ -198,12 +244,62 @@ class ModelFile:
             rms_eps=float(self.meta(p + "attention.layer_norm_rms_epsilon")),
             rope_base=float(self.meta(p + "rope.freq_base", 10000.0)),
             n_vocab=emb.shape[1],
+            arch=arch,
         )
+        self._check_counts(hp)
+        hp = dataclasses.replace(hp, rope_dim=hp.head_dim)
+        return self._qwen35_hparams(hp) if arch == QWEN35 else hp
+
+    def _check_counts(self, hp: Hparams) -> None:
         if hp.n_expert <= 0 or not 0 < hp.n_expert_used <= hp.n_expert:
             raise InputError(self.path, f"bad expert counts: {hp.n_expert_used} of {hp.n_expert}")
         if hp.n_head % hp.n_head_kv:
             raise InputError(self.path, f"head_count {hp.n_head} not a multiple of head_count_kv {hp.n_head_kv}")
-        return hp
+
+    def _qwen35_hparams(self, base: Hparams) -> Hparams:
+        """qwen35moe: the qwen3moe keys plus the ssm.* keys, rope sections, shared expert and
+        layer kinds, read as llama.cpp's llama_model_qwen35moe::load_arch_hparams does."""
+        p = QWEN35 + "."
+        ssm = SsmHparams(*(int(self.meta(p + "ssm." + k)) for k in
+                           ("conv_kernel", "state_size", "group_count", "time_step_rank", "inner_size")))
+        if ssm.inner_size != ssm.value_dim:
+            raise InputError(self.path, f"{p}ssm.inner_size is {ssm.inner_size}, expected ssm.state_size "
+                                        f"{ssm.state_size} x ssm.time_step_rank {ssm.time_step_rank} = {ssm.value_dim}")
+        if ssm.group_count <= 0 or ssm.time_step_rank % ssm.group_count:
+            raise InputError(self.path, f"{p}ssm.time_step_rank {ssm.time_step_rank} is not a multiple of "
+                                        f"ssm.group_count {ssm.group_count}")
+        if ssm.conv_kernel < 1:
+            raise InputError(self.path, f"{p}ssm.conv_kernel is {ssm.conv_kernel}, expected >= 1")
+        sections = tuple(int(v) for v in np.atleast_1d(self.meta(p + "rope.dimension_sections")))
+        if len(sections) == 1:
+            sections *= 4                       # get_key_or_arr replicates a scalar
+        D, R = base.head_dim, int(self.meta(p + "rope.dimension_count", base.head_dim))
+        if len(sections) != 4 or sum(sections) > D or not any(sections[:3]) or min(sections) < 0:
+            raise InputError(self.path, f"{p}rope.dimension_sections is {list(sections)}, expected 4 "
+                                        f"counts >= 0 summing to <= head dim {D}, one of the first three > 0")
+        if R % 2 or not 0 < R <= D:
+            raise InputError(self.path, f"{p}rope.dimension_count is {R}, expected even and <= head dim {D}")
+        if int(self.meta(p + "attention.value_length", D)) != D:
+            raise InputError(self.path, f"{p}attention.value_length differs from key_length {D}")
+        n_mtp = int(self.meta(p + "nextn_predict_layers", 0))
+        n_layer = base.n_layer - n_mtp          # the MTP blocks come last and are not run
+        if not 0 < n_layer <= base.n_layer:
+            raise InputError(self.path, f"{p}nextn_predict_layers {n_mtp} leaves no layers of {base.n_layer}")
+        recurrent = self.meta(p + "attention.recurrent_layers", None)
+        if recurrent is not None:
+            recurrent = [bool(v) for v in np.atleast_1d(recurrent)]
+            if len(recurrent) != base.n_layer:
+                raise InputError(self.path, f"{p}attention.recurrent_layers has {len(recurrent)} entries, "
+                                            f"expected block_count {base.n_layer}")
+        else:
+            interval = int(self.meta(p + "full_attention_interval", 4))
+            if interval <= 0:
+                raise InputError(self.path, f"{p}full_attention_interval is {interval}, expected > 0")
+            recurrent = [(i + 1) % interval != 0 for i in range(base.n_layer)]
+        return dataclasses.replace(
+            base, n_layer=n_layer, rope_dim=R, rope_sections=sections, ssm=ssm,
+            n_ff_shexp=int(self.meta(p + "expert_shared_feed_forward_length", base.n_ff)),
+            recurrent=tuple(recurrent[:n_layer]))
 
     def tensor(self, name: str) -> TensorInfo:
         try:
@@ -217,22 +313,48 @@ class ModelFile:
         shapes = {"token_embd.weight": (E, hp.n_vocab), "output_norm.weight": (E,)}
         if "output.weight" in self.tensors:
             shapes["output.weight"] = (E, hp.n_vocab)
+        # qwen35moe's attention projects a query and a gate per head (attn_q is 2x wide)
+        q_rows = (2 if hp.arch == QWEN35 else 1) * hp.n_head * D
         for i in range(hp.n_layer):
             b = f"blk.{i}."
+            shapes[b + "attn_norm.weight"] = (E,)
+            if hp.is_recurrent(i):
+                ssm = hp.ssm
+                shapes.update({
+                    b + "attn_qkv.weight": (E, ssm.conv_dim),
+                    b + "attn_gate.weight": (E, ssm.value_dim),
+                    b + "ssm_conv1d.weight": (ssm.conv_kernel, ssm.conv_dim),
+                    b + "ssm_dt.bias": (ssm.time_step_rank,),
+                    b + "ssm_a": (ssm.time_step_rank,),
+                    b + "ssm_beta.weight": (E, ssm.time_step_rank),
+                    b + "ssm_alpha.weight": (E, ssm.time_step_rank),
+                    b + "ssm_norm.weight": (ssm.state_size,),
+                    b + "ssm_out.weight": (ssm.value_dim, E),
+                })
+            else:
+                shapes.update({
+                    b + "attn_q.weight": (E, q_rows),
+                    b + "attn_k.weight": (E, hp.n_head_kv * D),
+                    b + "attn_v.weight": (E, hp.n_head_kv * D),
+                    b + "attn_output.weight": (hp.n_head * D, E),
+                    b + "attn_q_norm.weight": (D,),
+                    b + "attn_k_norm.weight": (D,),
+                })
             shapes.update({
-                b + "attn_norm.weight": (E,),
-                b + "attn_q.weight": (E, hp.n_head * D),
-                b + "attn_k.weight": (E, hp.n_head_kv * D),
-                b + "attn_v.weight": (E, hp.n_head_kv * D),
-                b + "attn_output.weight": (hp.n_head * D, E),
-                b + "attn_q_norm.weight": (D,),
-                b + "attn_k_norm.weight": (D,),
-                b + "ffn_norm.weight": (E,),
+                # qwen35moe's pre-FFN norm is HF's post_attention_layernorm
+                b + ("post_attention_norm.weight" if hp.arch == QWEN35 else "ffn_norm.weight"): (E,),
                 b + "ffn_gate_inp.weight": (E, X),
                 b + "ffn_gate_exps.weight": (E, hp.n_ff_exp, X),
                 b + "ffn_up_exps.weight": (E, hp.n_ff_exp, X),
                 b + "ffn_down_exps.weight": (hp.n_ff_exp, E, X),
             })
+            if hp.arch == QWEN35:
+                shapes.update({
+                    b + "ffn_gate_inp_shexp.weight": (E,),
+                    b + "ffn_gate_shexp.weight": (E, hp.n_ff_shexp),
+                    b + "ffn_up_shexp.weight": (E, hp.n_ff_shexp),
+                    b + "ffn_down_shexp.weight": (hp.n_ff_shexp, E),
+                })
         return shapes
 
     def _check_shapes(self) -> None:
@@ -240,6 +362,9 @@ class ModelFile:
             got = self.tensor(name).shape
             if got != shape:
                 raise InputError(self.path, f"tensor {name} has shape {list(got)}, expected {list(shape)}")
+            if self.hp.arch == QWEN35 and _must_be_f32(name) and self.tensors[name].qtype != GGMLQuantizationType.F32:
+                raise InputError(self.path, f"tensor {name} is {self.tensors[name].qtype.name}, "
+                                            f"expected F32 (llama.cpp's qwen35moe graph aborts on anything else)")
 
     # ------------------------------------------------------------------ bytes
 
