@@ -1,4 +1,5 @@
-"""Reference MoE: one expert's forward and a whole routed MoE layer, as ggml's CPU graph.
+"""Reference MoE: one expert's forward, a whole routed MoE layer and qwen35moe's shared
+expert, as ggml's CPU graph (build_moe_ffn, build_ffn in src/llama-graph.cpp).
 
 Expert bytes are read straight from the GGUF by offset (ModelFile.read_expert): a wrong
 offset anywhere in the engine's paging shows up as a different result here.
@@ -12,34 +13,32 @@ import numpy as np
 from gguf import GGMLQuantizationType as Q
 
 from ..gguf.file import ModelFile
+from .ops import linear, sigmoid, silu, softmax
 from .quants import matmul
 
 
-def silu(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float32)
-    return (x / (np.float32(1) + np.exp(-x))).astype(np.float32)
-
-
-def softmax(x: np.ndarray, exp64: bool = False) -> np.ndarray:
-    """ggml_soft_max over the last axis: exp(x - max) in float32, sum in double, scale by 1/sum.
-
-    exp64: take exp in double and round once (a correctly rounded expf), instead of
-    NumPy's float32 SIMD exp, which may be 1 ulp off.
-    """
-    x = x.astype(np.float32)
-    z = x - x.max(axis=-1, keepdims=True)
-    e = (np.exp(z.astype(np.float64)) if exp64 else np.exp(z)).astype(np.float32)
-    inv = (1.0 / e.sum(axis=-1, keepdims=True, dtype=np.float64)).astype(np.float32)
-    return (e * inv).astype(np.float32)
+def _swiglu_ffn(parts: list[tuple[np.ndarray, Q]], h: np.ndarray) -> np.ndarray:
+    """down(silu(gate h) * up h) for rows h; parts = (bytes, type) of gate, up, down."""
+    (gw, gt), (uw, ut), (dw, dt) = parts
+    h = np.ascontiguousarray(h, dtype=np.float32)
+    act = (silu(matmul(gw, gt, h)) * matmul(uw, ut, h)).astype(np.float32)
+    return matmul(dw, dt, act)
 
 
 def expert_forward(mf: ModelFile, layer: int, expert: int, h: np.ndarray) -> np.ndarray:
     """down(silu(gate h) * up h) for rows h (n, n_embd); activations quantized per weight type."""
-    h = np.ascontiguousarray(h, dtype=np.float32)
-    gate = matmul(mf.read_expert(layer, expert, "gate"), mf.expert_range(layer, expert, "gate").qtype, h)
-    up = matmul(mf.read_expert(layer, expert, "up"), mf.expert_range(layer, expert, "up").qtype, h)
-    act = (silu(gate) * up).astype(np.float32)
-    return matmul(mf.read_expert(layer, expert, "down"), mf.expert_range(layer, expert, "down").qtype, act)
+    return _swiglu_ffn([(mf.read_expert(layer, expert, p), mf.expert_range(layer, expert, p).qtype)
+                        for p in ("gate", "up", "down")], h)
+
+
+def shared_expert(mf: ModelFile, layer: int, h: np.ndarray) -> np.ndarray:
+    """qwen35moe's shared expert for rows h, the same input as the routed experts':
+    down(silu(gate h) * up h) * sigmoid(ffn_gate_inp_shexp . h), one gate per row."""
+    b = f"blk.{layer}."
+    y = _swiglu_ffn([(mf.raw(b + f"ffn_{p}_shexp.weight"), mf.tensor(b + f"ffn_{p}_shexp.weight").qtype)
+                     for p in ("gate", "up", "down")], h)
+    gate = sigmoid(linear(mf, b + "ffn_gate_inp_shexp.weight", np.asarray(h, dtype=np.float32)))  # (n, 1)
+    return (y * gate).astype(np.float32)
 
 
 def router_logits(mf: ModelFile, layer: int, h: np.ndarray) -> np.ndarray:
