@@ -35,3 +35,13 @@ def built_engine(tiny_model, tmp_path_factory):
                          build_timeout=900.0, run_timeout=300.0, workdir=tmp_path_factory.mktemp("build"))
     assert r.ok, (r.message, r.stderr_tail)
     return r
+
+
+@pytest.fixture(scope="session")
+def tiny35_model():
+    return make_model("tiny35")
+
+
+@pytest.fixture(scope="session")
+def ci35_model():
+    return make_model("ci35")

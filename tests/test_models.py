@@ -4,6 +4,7 @@ bytes, every expert routed on the calibration prompt, and readable by the refere
 from __future__ import annotations
 
 import hashlib
+import json
 import subprocess
 import sys
 
@@ -16,16 +17,23 @@ from gguf.quants import dequantize as gguf_dequantize
 from epmci.gguf.file import ModelFile
 from epmci.synth.presets import PRESETS, TENSOR_TYPES
 from epmci.synth.store import make_model
-from epmci.synth.writer import calibration_tokens
-from epmci.reference.model import ReferenceModel
+from epmci.synth.writer import TensorPlan, calibration_tokens
+from epmci.reference import reference_model
 from epmci.reference.quants import dequantize
+
+# sha256 of the qwen3moe presets' files (seed 0) as generator v2 wrote them before the
+# qwen35moe presets were added: the golden baselines are recorded on these bytes.
+QWEN3MOE_SHA256 = {
+    "tiny": "d313c1c9d0f66ece6b4fa5682ba702956d882effdb434f0c548d4ce2a23b4cd5",
+    "ci": "2ff2df7af4a4eecfcf6a80e34485a0658ddac1ef26fab9e40fb5e19b6d2d3b3b",
+}
 
 
 def sha256(path) -> str:
     return hashlib.sha256(open(path, "rb").read()).hexdigest()
 
 
-@pytest.mark.parametrize("model", ["tiny_model", "ci_model"])
+@pytest.mark.parametrize("model", ["tiny_model", "ci_model", "tiny35_model"])
 def test_reference_dequantize_equals_gguf_py_on_every_tensor(model, request):
     reader = GGUFReader(request.getfixturevalue(model))
     checked = 0
@@ -84,23 +92,118 @@ def test_ci_preset_sizes_fit_the_gate():
     assert mf.path.stat().st_size <= 300 * 2**20
 
 
-def test_same_preset_and_seed_give_identical_bytes(tmp_path, tiny_model):
-    a = make_model("tiny", 0, tmp_path / "a.gguf")
-    b = make_model("tiny", 0, tmp_path / "b.gguf")
-    c = make_model("tiny", 1, tmp_path / "c.gguf")
-    assert sha256(a) == sha256(b) == sha256(tiny_model)
+@pytest.mark.parametrize("preset", ["tiny", "tiny35"])
+def test_same_preset_and_seed_give_identical_bytes(preset, tmp_path):
+    a = make_model(preset, 0, tmp_path / "a.gguf")
+    b = make_model(preset, 0, tmp_path / "b.gguf")
+    c = make_model(preset, 1, tmp_path / "c.gguf")
+    assert sha256(a) == sha256(b) == sha256(make_model(preset))
     assert sha256(c) != sha256(a)
 
 
-@pytest.mark.parametrize("preset", ["tiny", "ci"])
+@pytest.mark.parametrize("preset", sorted(QWEN3MOE_SHA256))
+def test_qwen3moe_presets_are_byte_identical_to_the_recorded_files(preset, tmp_path):
+    assert sha256(make_model(preset, 0, tmp_path / "m.gguf")) == QWEN3MOE_SHA256[preset]
+
+
+@pytest.mark.parametrize("preset", ["tiny", "ci", "tiny35", "ci35"])
 def test_calibration_prompt_routes_every_expert_and_logits_are_finite(preset):
     mf = ModelFile(make_model(preset))
-    fwd = ReferenceModel(mf).forward(calibration_tokens(PRESETS[preset], 0))
+    fwd = reference_model(mf).forward(calibration_tokens(PRESETS[preset], 0))
     assert np.isfinite(fwd.logits).all()
     assert fwd.logits.std() > 0.5  # not a flat distribution
     for layer, moe in enumerate(fwd.moe):
         used = np.unique(moe.selected)
         assert len(used) == mf.hp.n_expert, f"layer {layer}: experts never routed"
+
+
+@pytest.mark.parametrize("preset", ["tiny35", "ci35"])
+def test_qwen35_model_has_documented_shapes_and_quant_mix(preset, request):
+    """Metadata and tensors as ../shared/docs/qwen35moe-facts.md §1-2 list them, llama.cpp's
+    F32-only tensors in F32, exactly the tensor set it consumes, two expert sizes."""
+    p, q = PRESETS[preset], PRESETS[preset].qwen35
+    path = request.getfixturevalue(f"{preset}_model")
+    reader = GGUFReader(path)
+    t = {x.name: x for x in reader.tensors}
+    A = "qwen35moe."
+
+    def key(k):
+        return reader.get_field(k).contents()
+    assert key("general.architecture") == "qwen35moe"
+    assert (key(A + "ssm.conv_kernel"), key(A + "ssm.state_size"), key(A + "ssm.group_count"),
+            key(A + "ssm.time_step_rank")) == (q.conv_kernel, q.state_size, q.group_count, q.time_step_rank)
+    assert key(A + "ssm.inner_size") == q.state_size * q.time_step_rank
+    assert list(key(A + "rope.dimension_sections")) == list(q.rope_sections)
+    assert key(A + "rope.dimension_count") == q.rope_dim < p.head_dim
+    assert key(A + "expert_shared_feed_forward_length") == q.n_ff_shexp
+    assert (key(A + "expert_count"), key(A + "expert_used_count")) == (p.n_expert, p.n_expert_used)
+    E, D, H, Hkv, X, F, Fs = p.n_embd, p.head_dim, p.n_head, p.n_head_kv, p.n_expert, p.n_ff_exp, q.n_ff_shexp
+    ds, V = q.state_size, q.time_step_rank
+    CD = 2 * ds * q.group_count + ds * V
+
+    def shape(name):
+        return list(t[name].shape)
+    kinds, down_types = [], set()
+    for i in range(p.n_layer):
+        b = f"blk.{i}."
+        if (i + 1) % q.full_attention_interval:
+            kinds.append("deltanet")
+            assert shape(b + "attn_qkv.weight") == [E, CD] and shape(b + "attn_gate.weight") == [E, ds * V]
+            assert shape(b + "ssm_conv1d.weight") == [q.conv_kernel, CD]
+            assert shape(b + "ssm_a") == shape(b + "ssm_dt.bias") == [V]
+            assert shape(b + "ssm_alpha.weight") == shape(b + "ssm_beta.weight") == [E, V]
+            assert shape(b + "ssm_norm.weight") == [ds] and shape(b + "ssm_out.weight") == [ds * V, E]
+            assert b + "attn_q.weight" not in t
+            f32 = ["ssm_conv1d.weight", "ssm_a", "ssm_dt.bias", "ssm_norm.weight"]
+            assert (np.asarray(t[b + "ssm_a"].data) < 0).all()          # -exp(A_log): a decay
+        else:
+            kinds.append("attention")
+            assert shape(b + "attn_q.weight") == [E, 2 * H * D]       # query and gate per head
+            assert shape(b + "attn_k.weight") == shape(b + "attn_v.weight") == [E, Hkv * D]
+            assert shape(b + "attn_output.weight") == [H * D, E]
+            assert b + "attn_qkv.weight" not in t and b + "ssm_a" not in t
+            f32 = ["attn_q_norm.weight", "attn_k_norm.weight"]
+        assert shape(b + "ffn_gate_exps.weight") == [E, F, X] and shape(b + "ffn_down_exps.weight") == [F, E, X]
+        assert shape(b + "ffn_gate_inp_shexp.weight") == [E]
+        assert shape(b + "ffn_gate_shexp.weight") == shape(b + "ffn_up_shexp.weight") == [E, Fs]
+        assert shape(b + "ffn_down_shexp.weight") == [Fs, E]
+        f32 += ["attn_norm.weight", "post_attention_norm.weight", "ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight"]
+        for name in f32:
+            assert t[b + name].tensor_type == Q.F32, b + name
+        assert t[b + "ffn_gate_exps.weight"].tensor_type == t[b + "ffn_up_exps.weight"].tensor_type == Q.Q4_K
+        down_types.add(t[b + "ffn_down_exps.weight"].tensor_type)
+    assert {"deltanet", "attention"} == set(kinds)
+    assert down_types == {Q.Q5_K, Q.Q6_K}
+    mf = ModelFile(path)
+    assert [mf.hp.layer_kind(i) for i in range(p.n_layer)] == kinds
+    assert len({mf.expert_bytes(i) for i in range(p.n_layer)}) == 2
+    # llama.cpp refuses a file with a tensor it does not consume ("wrong number of tensors")
+    assert set(t) == set(mf.expected_shapes())
+
+
+def test_ci35_preset_sizes_fit_the_gate(ci35_model):
+    p = PRESETS["ci35"]
+    assert p.n_layer >= 8 and p.n_expert >= 64 and p.n_expert_used == 8 and p.qwen35.n_ff_shexp > 0
+    mf = ModelFile(ci35_model)
+    assert {mf.hp.layer_kind(i) for i in range(p.n_layer)} == {"deltanet", "attention"}
+    assert mf.path.stat().st_size <= 300 * 2**20
+
+
+def test_prod35_preset_has_the_production_layer_shape():
+    """From the writer's tensor plan, without writing the ~4 GB file: the production model's
+    expert sizes (1,900,544 B with Q5_K down, 2,039,808 B with Q6_K down) and layer shape."""
+    p = PRESETS["prod35"]
+    q = p.qwen35
+    assert (p.n_embd, p.n_ff_exp, p.n_expert, p.n_expert_used, q.n_ff_shexp) == (2048, 512, 256, 8, 512)
+    assert (p.n_head, p.n_head_kv, p.head_dim, q.rope_dim, q.rope_sections) == (16, 2, 256, 64, (11, 11, 10, 0))
+    assert (q.group_count, q.time_step_rank, q.state_size, q.conv_kernel) == (16, 32, 128, 4)
+    items = {name: (shape, qtype) for name, shape, qtype, _ in TensorPlan(p, 0).items}
+
+    def expert_bytes(il):
+        return sum(int(np.prod(items[f"blk.{il}.ffn_{part}_exps.weight"][0])) for part in ("gate", "up", "down")) // p.n_expert
+    sizes = [expert_bytes(il) for il in range(p.n_layer)]
+    assert set(sizes) == {1_900_544, 2_039_808}
+    assert [q.is_recurrent(il) for il in range(p.n_layer)] == [(il + 1) % 4 != 0 for il in range(p.n_layer)]
 
 
 def _top8_share(path, tokens) -> float:
@@ -145,6 +248,23 @@ def test_model_info_prints_layout(tiny_model):
     assert r.returncode == 0, r.stderr
     assert "qwen3moe" in r.stdout and "distinct expert sizes  2" in r.stdout
     assert "Q6_K" in r.stdout and "Q5_K" in r.stdout
+    assert "shared" not in r.stdout
+
+
+def test_model_info_shows_layer_kinds_and_shared_expert(tiny35_model):
+    r = _info(tiny35_model)
+    assert r.returncode == 0, r.stderr
+    assert "qwen35moe" in r.stdout and "layer kinds  1 attention, 3 deltanet" in r.stdout
+    assert "shared expert FFN 256 (not paged)" in r.stdout
+    rows = [l.split() for l in r.stdout.splitlines() if l.split()[:1] in (["0"], ["1"], ["2"], ["3"])]
+    assert [row[1] for row in rows] == ["deltanet", "deltanet", "deltanet", "attention"]
+    s = json.loads(subprocess.run([sys.executable, "-m", "epmci", "model", "info", "--json", str(tiny35_model)],
+                                  capture_output=True, text=True, check=True).stdout)
+    assert s["layer_kinds"] == {"attention": 1, "deltanet": 3}
+    assert s["hparams"]["ssm"]["inner_size"] == 256
+    assert s["layers"][0]["shared_expert"]["types"] == {"gate": "Q4_K", "up": "Q4_K", "down": "Q5_K"}
+    # the shared expert is not a paged expert: not in the paged total
+    assert s["total_expert_bytes"] == sum(l["expert_bytes"] for l in s["layers"]) * 8
 
 
 def _bad_files(tmp_path, tiny_model):
@@ -165,9 +285,33 @@ def _bad_files(tmp_path, tiny_model):
     }
 
 
-@pytest.mark.parametrize("case", ["missing", "empty", "truncated", "header", "not-gguf", "other-arch"])
-def test_model_info_bad_input_is_one_line_exit_2(case, tmp_path, tiny_model):
-    path, word = _bad_files(tmp_path, tiny_model)[case]
+def _patch_u32_key(data: bytes, key: str, value: int) -> bytes:
+    """A GGUF with the u32 metadata `key` set to value (kv = key, u32 type, u32 value)."""
+    at = data.index(key.encode()) + len(key)
+    assert int.from_bytes(data[at:at + 4], "little") == 4   # GGUFValueType.UINT32
+    return data[:at + 4] + value.to_bytes(4, "little") + data[at + 8:]
+
+
+def _bad_qwen35_files(tmp_path, tiny35_model):
+    data = open(tiny35_model, "rb").read()
+    (tmp_path / "nokey.gguf").write_bytes(data.replace(b"qwen35moe.ssm.state_size", b"qwen35moe.ssm.state_sizX"))
+    (tmp_path / "inner.gguf").write_bytes(_patch_u32_key(data, "qwen35moe.ssm.inner_size", 300))
+    (tmp_path / "groups.gguf").write_bytes(_patch_u32_key(data, "qwen35moe.ssm.group_count", 3))
+    return {
+        "ssm-key-missing": (tmp_path / "nokey.gguf", "missing metadata key qwen35moe.ssm.state_size"),
+        "inner-size": (tmp_path / "inner.gguf", "ssm.inner_size is 300, expected ssm.state_size 64 x "
+                                                "ssm.time_step_rank 4 = 256"),
+        "group-count": (tmp_path / "groups.gguf", "not a multiple of ssm.group_count 3"),
+    }
+
+
+@pytest.mark.parametrize("case", ["missing", "empty", "truncated", "header", "not-gguf", "other-arch",
+                                  "ssm-key-missing", "inner-size", "group-count"])
+def test_model_info_bad_input_is_one_line_exit_2(case, tmp_path, request):
+    if case in ("ssm-key-missing", "inner-size", "group-count"):
+        path, word = _bad_qwen35_files(tmp_path, request.getfixturevalue("tiny35_model"))[case]
+    else:
+        path, word = _bad_files(tmp_path, request.getfixturevalue("tiny_model"))[case]
     r = _info(path)
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()

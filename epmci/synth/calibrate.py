@@ -14,8 +14,9 @@ import os
 import numpy as np
 
 from ..gguf.file import ModelFile
-from ..reference.model import ReferenceModel
-from ..reference.moe import route, router_logits, softmax
+from ..reference import reference_model
+from ..reference.moe import route, router_logits
+from ..reference.ops import softmax
 
 MARGIN = 1.0      # logit lead of the forced expert over the token's previous best
 MAX_ROUNDS = 64
@@ -46,4 +47,4 @@ def calibrate_router(path: str | os.PathLike, tokens: np.ndarray) -> None:
             raise RuntimeError(f"router calibration did not converge on layer {layer}")
         del w
 
-    ReferenceModel(mf).forward(tokens, moe_hook=hook)
+    reference_model(mf).forward(tokens, moe_hook=hook)

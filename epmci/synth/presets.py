@@ -1,4 +1,4 @@
-"""Synthetic model presets: qwen3moe shapes and the quant mix of the production model."""
+"""Synthetic model presets: qwen3moe and qwen35moe shapes, the quant mix of the production model."""
 
 from __future__ import annotations
 
@@ -6,8 +6,31 @@ from dataclasses import dataclass
 
 from gguf import GGMLQuantizationType as Q
 
-# Bump when the bytes a preset + seed produce change; part of the cache key.
-GENERATOR_VERSION = 2
+# Bump when the bytes a preset + seed produce change; part of the cache key and the model id.
+# One version per architecture, so a change to one family's generator leaves the other's
+# files (and the golden baselines recorded on them) as they are.
+GENERATOR_VERSION = 2          # qwen3moe
+QWEN35_GENERATOR_VERSION = 1   # qwen35moe
+
+
+@dataclass(frozen=True)
+class Qwen35:
+    """What a qwen35moe preset adds to the qwen3moe shape (../shared/docs/qwen35moe-facts.md).
+
+    Layer i is full (gated) attention when (i + 1) % full_attention_interval == 0, else a
+    Gated DeltaNet layer; every layer has a shared expert of n_ff_shexp beside the routed ones.
+    """
+    full_attention_interval: int
+    conv_kernel: int        # Kc, taps of the causal conv1d
+    state_size: int         # ds, head dim of the delta net's q, k and v
+    group_count: int        # G, q/k heads of the delta net
+    time_step_rank: int     # V, value heads (V % G == 0); ssm.inner_size = ds * V
+    rope_dim: int           # R <= head_dim: partial rotary
+    rope_sections: tuple[int, int, int, int]
+    n_ff_shexp: int
+
+    def is_recurrent(self, layer: int) -> bool:
+        return (layer + 1) % self.full_attention_interval != 0
 
 
 @dataclass(frozen=True)
@@ -28,6 +51,23 @@ class Preset:
     # (ranks a seeded permutation per layer, RMS kept), so a few experts win most lookups,
     # as in trained MoEs. 0 = uniform random routing, the worst case for a cache.
     routing_skew: float = 0.0
+    qwen35: Qwen35 | None = None  # None: a qwen3moe model
+    rope_base: float = 1000000.0
+    # How far each token's embedding leans towards its seeded next token, in output-logit
+    # standard deviations (writer.TensorPlan._embedding). The qwen35moe presets need more:
+    # their delta nets carry more of the context, and with 8.0 a few positions of the
+    # calibration prompt had top-1 leads of 0.02-0.06 logits, against float-order noise of
+    # ~0.1 versus llama.cpp; with 14.0 the smallest lead over 128 positions is 1.2 (tiny35)
+    # and 2.4 (ci35), the median 19.
+    bigram_lead: float = 8.0
+
+    @property
+    def arch(self) -> str:
+        return "qwen3moe" if self.qwen35 is None else "qwen35moe"
+
+    @property
+    def generator_version(self) -> int:
+        return GENERATOR_VERSION if self.qwen35 is None else QWEN35_GENERATOR_VERSION
 
     def down_type(self, layer: int) -> Q:
         """Q5_K down on most layers, Q6_K on a lone middle-late layer and the last one,
@@ -38,6 +78,9 @@ class Preset:
 
 # Per-tensor quant types outside the experts: K-quants for attention, Q8_0 for the key
 # projection and the embedding (so the Q8_0 x Q8_0 path is exercised), Q6_K head.
+# qwen35moe adds the delta net's projections (ssm_alpha in F32: it sets the decay rate),
+# and the shared expert with the routed experts' mix. Norms, routers, ssm_a, ssm_dt.bias,
+# ssm_conv1d and the shared-expert gate are F32 (llama.cpp requires or keeps them so).
 TENSOR_TYPES = {
     "token_embd": Q.Q8_0,
     "output": Q.Q6_K,
@@ -47,6 +90,14 @@ TENSOR_TYPES = {
     "attn_output": Q.Q5_K,
     "ffn_gate_exps": Q.Q4_K,
     "ffn_up_exps": Q.Q4_K,
+    "attn_qkv": Q.Q5_K,
+    "attn_gate": Q.Q4_K,
+    "ssm_beta": Q.Q8_0,
+    "ssm_alpha": Q.F32,
+    "ssm_out": Q.Q5_K,
+    "ffn_gate_shexp": Q.Q4_K,
+    "ffn_up_shexp": Q.Q4_K,
+    "ffn_down_shexp": Q.Q5_K,
 }
 
 PRESETS = {
@@ -63,5 +114,22 @@ PRESETS = {
         # Qwen3-30B-A3B's layer shape, 8 layers: ~2.9 GB of experts.
         Preset("bench", n_layer=8, n_embd=2048, n_ff_exp=768, n_expert=128, n_expert_used=8,
                n_head=32, n_head_kv=4, head_dim=128, n_vocab=4096, n_ctx=2048),
+        # qwen35moe: layers 0-2 Gated DeltaNet, 3 full attention.
+        Preset("tiny35", n_layer=4, n_embd=256, n_ff_exp=256, n_expert=8, n_expert_used=2,
+               n_head=4, n_head_kv=2, head_dim=64, n_vocab=384, n_ctx=256, bigram_lead=14.0,
+               qwen35=Qwen35(full_attention_interval=4, conv_kernel=4, state_size=64, group_count=2,
+                             time_step_rank=4, rope_dim=16, rope_sections=(3, 3, 2, 0), n_ff_shexp=256)),
+        # The gate's qwen35moe model: 6 GDN + 2 attention layers (3 and 7), 64 experts, 8 used.
+        Preset("ci35", n_layer=8, n_embd=512, n_ff_exp=256, n_expert=64, n_expert_used=8,
+               n_head=8, n_head_kv=2, head_dim=128, n_vocab=1024, n_ctx=1024, bigram_lead=14.0,
+               qwen35=Qwen35(full_attention_interval=4, conv_kernel=4, state_size=64, group_count=4,
+                             time_step_rank=8, rope_dim=32, rope_sections=(6, 5, 5, 0), n_ff_shexp=256)),
+        # Qwen3.5-35B-A3B's per-layer shape (expert sizes 1,900,544 / 2,039,808 B, as the
+        # production model's), 8 of its 40 layers and a 4096-token vocabulary: ~4 GB.
+        # Made only on request (`epmci model make prod35`).
+        Preset("prod35", n_layer=8, n_embd=2048, n_ff_exp=512, n_expert=256, n_expert_used=8,
+               n_head=16, n_head_kv=2, head_dim=256, n_vocab=4096, n_ctx=4096, rope_base=10000000.0,
+               bigram_lead=14.0, qwen35=Qwen35(full_attention_interval=4, conv_kernel=4, state_size=128, group_count=16,
+                             time_step_rank=32, rope_dim=64, rope_sections=(11, 11, 10, 0), n_ff_shexp=512)),
     )
 }

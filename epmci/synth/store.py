@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from ..errors import InputError
-from .presets import GENERATOR_VERSION, PRESETS
+from .presets import PRESETS
 from .writer import write_model
 
 DEFAULT_SEED = 0
@@ -22,7 +22,7 @@ def cache_dir() -> Path:
 
 
 def cached_model_path(preset: str, seed: int = DEFAULT_SEED) -> Path:
-    return cache_dir() / "models" / f"{preset}-seed{seed}-gen{GENERATOR_VERSION}.gguf"
+    return cache_dir() / "models" / f"{preset}-seed{seed}-gen{PRESETS[preset].generator_version}.gguf"
 
 
 def resolve_model(model: str) -> Path:

@@ -1,9 +1,11 @@
-"""Write a synthetic qwen3moe GGUF: real format and tokenizer, seeded random weights.
+"""Write a synthetic qwen3moe or qwen35moe GGUF: real format and tokenizer, seeded random weights.
 
-The file is what llama.cpp loads for a Qwen3-MoE model: standard metadata keys and tensor
-names, gpt2 byte-level BPE tokenizer, F32 norms and router, K-quant / Q8_0 attention and
-the production expert mix (gate/up Q4_K, down Q5_K or Q6_K). After writing, the router is
-calibrated so that the calibration prompt routes to every expert of every layer.
+The file is what llama.cpp loads for a Qwen3-MoE (qwen3moe) or Qwen3.5-MoE (qwen35moe)
+model: standard metadata keys and tensor names, gpt2 byte-level BPE tokenizer, F32 norms
+and router, K-quant / Q8_0 attention and the production expert mix (gate/up Q4_K, down Q5_K
+or Q6_K). qwen35moe adds Gated DeltaNet layers, gated attention and a shared expert
+(../shared/docs/qwen35moe-facts.md §1-2, §5). After writing, the router is calibrated so
+that the calibration prompt routes to every expert of every layer.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from gguf import GGMLQuantizationType as Q
 
 from ..reference.quants import dequantize
 from . import blocks
-from .presets import GENERATOR_VERSION, TENSOR_TYPES, Preset
+from .presets import TENSOR_TYPES, Preset
 from .vocab import build_vocab, write_vocab
 
 N_CALIBRATION_TOKENS = 64
@@ -32,48 +34,105 @@ ATTN_GAIN = 0.2
 DOWN_GAIN = 0.3
 ROUTER_GAIN = 6.0
 OUTPUT_GAIN = 3.0
-BIGRAM_LEAD = 8.0  # see _TensorPlan._embedding
 RMS_EPS = 1e-6
-ROPE_BASE = 1000000.0
+# qwen35moe's delta net, drawn as the HF model initialises it: a decay rate A in [1, 16]
+# (ssm_a = -A), a time step dt = softplus(dt_bias) log-uniform in [1e-3, 1e-1], so
+# exp(g) = exp(-A dt) keeps between 0.2 and 0.999 of the state per token.
+SSM_A_RANGE = (1.0, 16.0)
+SSM_DT_RANGE = (1e-3, 1e-1)
+ALPHA_GAIN = 0.5   # alpha = W_alpha h ~ N(0, 0.25): dt varies per token around dt_bias
+CONV_STD = 0.5
+# qwen35moe's gated attention: with q/k norm weights ~1, random attention is nearly uniform
+# and position errors hardly show (KL vs llama.cpp 5e-5 on tiny35 with RoPE's NEOX pairs
+# swapped for adjacent ones). q/k norm weights ~2.5 make the scores peaked (that KL:
+# 3.4e-4, against 4e-9 when right); the output gain then keeps the attention output as
+# large as the delta nets' (RMS ~0.14 both), since peaked attention no longer averages
+# its values down and noise from float order grows with it (ci35: KL 9e-6 at gain 0.6).
+GATED_ATTN_GAIN = 0.3
+QK_NORM_SCALE = 2.5
 
 
-def _rng(seed: int, name: str) -> np.random.Generator:
+def _rng(seed: int, name: str, version: int) -> np.random.Generator:
     """One generator per tensor, so a tensor's bytes do not depend on write order."""
     tag = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little")
-    return np.random.default_rng([seed, GENERATOR_VERSION, tag])
+    return np.random.default_rng([seed, version, tag])
 
 
 def calibration_tokens(preset: Preset, seed: int) -> np.ndarray:
     """The 64-token prompt the router is calibrated on (ordinary tokens only)."""
-    rng = _rng(seed, "calibration-prompt")
+    rng = _rng(seed, "calibration-prompt", preset.generator_version)
     return rng.integers(0, preset.n_vocab - 3, size=N_CALIBRATION_TOKENS).astype(np.int32)
 
 
-class _TensorPlan:
+class TensorPlan:
     """(name, numpy-order byte shape, dtype, generator) for every tensor, in file order."""
 
     def __init__(self, p: Preset, seed: int):
         self.p, self.seed = p, seed
+        self.version = p.generator_version
         self.items: list[tuple[str, tuple[int, ...], Q, object]] = []
-        E, D, X, F = p.n_embd, p.head_dim, p.n_expert, p.n_ff_exp
+        E = p.n_embd
         self._embedding(p)
         for i in range(p.n_layer):
             b = f"blk.{i}."
-            self._norm(b + "attn_norm.weight", E)
-            self._quant(b + "attn_q.weight", TENSOR_TYPES["attn_q"], (p.n_head * D,), E, E**-0.5)
-            self._quant(b + "attn_k.weight", TENSOR_TYPES["attn_k"], (p.n_head_kv * D,), E, E**-0.5)
-            self._quant(b + "attn_v.weight", TENSOR_TYPES["attn_v"], (p.n_head_kv * D,), E, E**-0.5)
-            self._quant(b + "attn_output.weight", TENSOR_TYPES["attn_output"], (E,), p.n_head * D,
-                        ATTN_GAIN * (p.n_head * D) ** -0.5)
-            self._norm(b + "attn_q_norm.weight", D)
-            self._norm(b + "attn_k_norm.weight", D)
-            self._norm(b + "ffn_norm.weight", E)
-            self._router(b + "ffn_gate_inp.weight", X, E)
-            self._quant(b + "ffn_gate_exps.weight", TENSOR_TYPES["ffn_gate_exps"], (X, F), E, E**-0.5)
-            self._quant(b + "ffn_up_exps.weight", TENSOR_TYPES["ffn_up_exps"], (X, F), E, E**-0.5)
-            self._quant(b + "ffn_down_exps.weight", p.down_type(i), (X, E), F, DOWN_GAIN * F**-0.5)
+            if p.qwen35 is None:
+                self._norm(b + "attn_norm.weight", E)
+                self._attention(b, q_rows=p.n_head * p.head_dim)
+                self._norm(b + "ffn_norm.weight", E)
+                self._experts(b, i)
+            else:
+                self._norm(b + "attn_norm.weight", E)
+                if p.qwen35.is_recurrent(i):
+                    self._deltanet(b)
+                else:   # the query and its gate, interleaved per head
+                    self._attention(b, q_rows=2 * p.n_head * p.head_dim, gain=GATED_ATTN_GAIN,
+                                    qk_norm=QK_NORM_SCALE)
+                self._norm(b + "post_attention_norm.weight", E)
+                self._experts(b, i)
+                self._shared_expert(b)
         self._norm("output_norm.weight", E)
         self._quant("output.weight", TENSOR_TYPES["output"], (p.n_vocab,), E, OUTPUT_GAIN * E**-0.5)
+
+    def _attention(self, b: str, q_rows: int, gain: float = ATTN_GAIN, qk_norm: float = 1.0):
+        p, E, D = self.p, self.p.n_embd, self.p.head_dim
+        self._quant(b + "attn_q.weight", TENSOR_TYPES["attn_q"], (q_rows,), E, E**-0.5)
+        self._quant(b + "attn_k.weight", TENSOR_TYPES["attn_k"], (p.n_head_kv * D,), E, E**-0.5)
+        self._quant(b + "attn_v.weight", TENSOR_TYPES["attn_v"], (p.n_head_kv * D,), E, E**-0.5)
+        self._quant(b + "attn_output.weight", TENSOR_TYPES["attn_output"], (E,), p.n_head * D,
+                    gain * (p.n_head * D) ** -0.5)
+        self._norm(b + "attn_q_norm.weight", D, qk_norm)
+        self._norm(b + "attn_k_norm.weight", D, qk_norm)
+
+    def _experts(self, b: str, layer: int):
+        p, E, X, F = self.p, self.p.n_embd, self.p.n_expert, self.p.n_ff_exp
+        self._router(b + "ffn_gate_inp.weight", X, E)
+        self._quant(b + "ffn_gate_exps.weight", TENSOR_TYPES["ffn_gate_exps"], (X, F), E, E**-0.5)
+        self._quant(b + "ffn_up_exps.weight", TENSOR_TYPES["ffn_up_exps"], (X, F), E, E**-0.5)
+        self._quant(b + "ffn_down_exps.weight", p.down_type(layer), (X, E), F, DOWN_GAIN * F**-0.5)
+
+    def _deltanet(self, b: str):
+        """A Gated DeltaNet layer's tensors (llama_model_qwen35moe::load_arch_tensors)."""
+        q, E = self.p.qwen35, self.p.n_embd
+        V, ds = q.time_step_rank, q.state_size
+        conv_dim = 2 * ds * q.group_count + ds * V
+        self._quant(b + "attn_qkv.weight", TENSOR_TYPES["attn_qkv"], (conv_dim,), E, E**-0.5)
+        self._quant(b + "attn_gate.weight", TENSOR_TYPES["attn_gate"], (ds * V,), E, E**-0.5)
+        self._f32(b + "ssm_conv1d.weight", (conv_dim, q.conv_kernel),
+                  lambda r: CONV_STD * r.standard_normal((conv_dim, q.conv_kernel)))
+        self._f32(b + "ssm_dt.bias", (V,),
+                  lambda r: np.log(np.expm1(np.exp(r.uniform(*np.log(SSM_DT_RANGE), size=V)))))
+        self._f32(b + "ssm_a", (V,), lambda r: -r.uniform(*SSM_A_RANGE, size=V))
+        self._quant(b + "ssm_beta.weight", TENSOR_TYPES["ssm_beta"], (V,), E, E**-0.5)
+        self._f32(b + "ssm_alpha.weight", (V, E), lambda r: ALPHA_GAIN * E**-0.5 * r.standard_normal((V, E)))
+        self._norm(b + "ssm_norm.weight", ds)
+        self._quant(b + "ssm_out.weight", TENSOR_TYPES["ssm_out"], (E,), ds * V, ATTN_GAIN * (ds * V) ** -0.5)
+
+    def _shared_expert(self, b: str):
+        E, Fs = self.p.n_embd, self.p.qwen35.n_ff_shexp
+        self._f32(b + "ffn_gate_inp_shexp.weight", (E,), lambda r: E**-0.5 * r.standard_normal(E))
+        self._quant(b + "ffn_gate_shexp.weight", TENSOR_TYPES["ffn_gate_shexp"], (Fs,), E, E**-0.5)
+        self._quant(b + "ffn_up_shexp.weight", TENSOR_TYPES["ffn_up_shexp"], (Fs,), E, E**-0.5)
+        self._quant(b + "ffn_down_shexp.weight", TENSOR_TYPES["ffn_down_shexp"], (E,), Fs, DOWN_GAIN * Fs**-0.5)
 
     def _embedding(self, p: Preset):
         """Token embeddings with a bigram-like pull towards one output row each.
@@ -82,22 +141,22 @@ class _TensorPlan:
         summation-order noise (~0.3 logits after 8 quantized layers, measured against
         llama.cpp) flips the argmax at ~5% of positions and greedy decoding is a coin toss.
         Real LMs are decisive; here each token's embedding leans towards the output row of
-        a seeded "next token" (BIGRAM_LEAD output-logit standard deviations before the
-        layers dilute it; measured median top-1 lead 8.5 logits, 5% quantile 1.5), so
-        float noise cannot flip it. The rest of the distribution still depends on the
+        a seeded "next token" (Preset.bigram_lead output-logit standard deviations before
+        the layers dilute it; 8.0 on ci: median top-1 lead 8.5 logits, 5% quantile 1.5),
+        so float noise cannot flip it. The rest of the distribution still depends on the
         whole context, which is what KL against a reference measures.
         """
         name, E = "token_embd.weight", p.n_embd
         qtype = TENSOR_TYPES["token_embd"]
 
         def make():
-            out_rows = blocks.random_rows(_rng(self.seed, "output.weight"), TENSOR_TYPES["output"],
+            out_rows = blocks.random_rows(self._rng("output.weight"), TENSOR_TYPES["output"],
                                           p.n_vocab, E, OUTPUT_GAIN * E**-0.5)
             out = dequantize(out_rows, TENSOR_TYPES["output"]).astype(np.float64)
-            rng = _rng(self.seed, name)
+            rng = self._rng(name)
             nxt = rng.integers(0, p.n_vocab - 3, size=p.n_vocab)  # ordinary tokens only
             pull = out[nxt] / np.linalg.norm(out[nxt], axis=1, keepdims=True) * np.sqrt(E)
-            beta = BIGRAM_LEAD / np.sqrt(E)
+            beta = p.bigram_lead / np.sqrt(E)
             emb = rng.standard_normal((p.n_vocab, E)) + beta * pull
             return gguf_quantize(emb.astype(np.float32), qtype)
         block, size = GGML_QUANT_SIZES[qtype]
@@ -108,7 +167,7 @@ class _TensorPlan:
         n_rows = int(np.prod(rows_shape))
 
         def make():
-            rows = blocks.random_rows(_rng(self.seed, name), qtype, n_rows, cols, std)
+            rows = blocks.random_rows(self._rng(name), qtype, n_rows, cols, std)
             return rows.reshape(*rows_shape, cols // block * size)
         self.items.append((name, (*rows_shape, cols // block * size), qtype, make))
 
@@ -116,23 +175,28 @@ class _TensorPlan:
         p = self.p
 
         def make():
-            w = _rng(self.seed, name).standard_normal((n_expert, n_embd)) * (ROUTER_GAIN * n_embd**-0.5)
+            w = self._rng(name).standard_normal((n_expert, n_embd)) * (ROUTER_GAIN * n_embd**-0.5)
             if p.routing_skew:
-                rank = _rng(self.seed, name + ".popularity").permutation(n_expert)
+                rank = self._rng(name + ".popularity").permutation(n_expert)
                 s = (rank + 1.0) ** -p.routing_skew
                 w = w * (s / np.sqrt(np.mean(s * s)))[:, None]
             return w.astype(np.float32)
         self.items.append((name, (n_expert, n_embd), Q.F32, make))
 
-    def _norm(self, name, n):
-        def make():
-            return (1.0 + 0.1 * _rng(self.seed, name).standard_normal(n)).astype(np.float32)
-        self.items.append((name, (n,), Q.F32, make))
+    def _norm(self, name, n, scale: float = 1.0):
+        self._f32(name, (n,), lambda r: scale * (1.0 + 0.1 * r.standard_normal(n)))
+
+    def _f32(self, name, shape, sample):
+        """An F32 tensor of sample(its generator)'s values."""
+        self.items.append((name, shape, Q.F32, lambda: sample(self._rng(name)).astype(np.float32)))
+
+    def _rng(self, name: str) -> np.random.Generator:
+        return _rng(self.seed, name, self.version)
 
 
 def _write_metadata(w: GGUFWriter, p: Preset, seed: int) -> None:
     w.add_name(f"epmci-synthetic-{p.name}-seed{seed}")
-    w.add_uint32("epmci.generator_version", GENERATOR_VERSION)
+    w.add_uint32("epmci.generator_version", p.generator_version)
     w.add_uint32("epmci.seed", seed)
     w.add_string("epmci.preset", p.name)
     w.add_block_count(p.n_layer)
@@ -145,10 +209,21 @@ def _write_metadata(w: GGUFWriter, p: Preset, seed: int) -> None:
     w.add_key_length(p.head_dim)
     w.add_value_length(p.head_dim)
     w.add_layer_norm_rms_eps(RMS_EPS)
-    w.add_rope_freq_base(ROPE_BASE)
+    w.add_rope_freq_base(p.rope_base)
     w.add_expert_count(p.n_expert)
     w.add_expert_used_count(p.n_expert_used)
     w.add_file_type(15)  # LLAMA_FTYPE_MOSTLY_Q4_K_M
+    if p.qwen35 is not None:
+        q = p.qwen35
+        w.add_expert_shared_feed_forward_length(q.n_ff_shexp)
+        w.add_rope_dimension_count(q.rope_dim)
+        w.add_rope_dimension_sections(list(q.rope_sections))
+        w.add_full_attention_interval(q.full_attention_interval)
+        w.add_ssm_conv_kernel(q.conv_kernel)
+        w.add_ssm_state_size(q.state_size)
+        w.add_ssm_group_count(q.group_count)
+        w.add_ssm_time_step_rank(q.time_step_rank)
+        w.add_ssm_inner_size(q.state_size * q.time_step_rank)
     write_vocab(w, build_vocab(p.n_vocab))
 
 
@@ -159,8 +234,8 @@ def write_model(p: Preset, seed: int, out: str | os.PathLike) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent)
     os.close(fd)
     try:
-        plan = _TensorPlan(p, seed)
-        w = GGUFWriter(tmp, "qwen3moe")
+        plan = TensorPlan(p, seed)
+        w = GGUFWriter(tmp, p.arch)
         _write_metadata(w, p, seed)
         for name, shape, qtype, _ in plan.items:
             dtype = np.float32 if qtype == Q.F32 else np.uint8
