@@ -34,6 +34,14 @@ class Forward:
     # position -> delta-net layer -> its state after that position (qwen35moe)
     states: dict[int, dict[int, DeltaNetState]] = field(default_factory=dict)
 
+    def add_layer(self, mixer_out, moe_in, moe, layer_out, shared=None) -> None:
+        self.mixer_out.append(mixer_out)
+        self.moe_in.append(moe_in)
+        self.moe.append(moe)
+        self.layer_out.append(layer_out)
+        if shared is not None:
+            self.shared.append(shared)
+
 
 MoEHook = Callable[[int, np.ndarray], None]
 
@@ -85,10 +93,7 @@ class ReferenceModel:
                 moe_hook(il, h)
             moe = moe_layer(self.mf, il, h)
             x = (x + moe.out).astype(np.float32)
-            result.mixer_out.append(a)
-            result.moe_in.append(h)
-            result.moe.append(moe)
-            result.layer_out.append(x)
+            result.add_layer(a, h, moe, x)
 
         result.logits = self.head(x)
         return result

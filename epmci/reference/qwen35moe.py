@@ -82,11 +82,7 @@ class Qwen35Model(ReferenceModel):
             moe = moe_layer(self.mf, il, u)
             shared = shared_expert(self.mf, il, u)
             x = ((moe.out + shared) + x).astype(np.float32)
-            result.mixer_out.append(a)
-            result.moe_in.append(u)
-            result.moe.append(moe)
-            result.shared.append(shared)
-            result.layer_out.append(x)
+            result.add_layer(a, u, moe, x, shared)
 
         result.logits = self.head(x)
         return result
