@@ -251,7 +251,7 @@ class Q8_0(_Quant, qtype=QT.Q8_0):
         xd, xq = cls.unpack(b)
         A = xq.reshape(r, nb, QK8_0).transpose(1, 0, 2)                     # (nb, r, 32)
         B = a.qs.astype(np.int64).reshape(n, nb, QK8_0).transpose(1, 2, 0)  # (nb, 32, n)
-        sumi = (A @ B).transpose(0, 2, 1)                                   # (nb, n, r) exact
+        sumi = int_matmul(A, B).transpose(0, 2, 1)                          # (nb, n, r) exact
         xd = xd.reshape(r, nb)
         yd = a.d.astype(np.float32)
         sumf = np.zeros((n, r), np.float32)
@@ -260,6 +260,14 @@ class Q8_0(_Quant, qtype=QT.Q8_0):
             dd = xd[None, :, ib] * yd[:, ib, None]
             sumf = sumf + sumi[ib].astype(np.float32) * dd
         return sumf
+
+
+def int_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a @ b of integer arrays, exactly, through float64 BLAS (5-7x faster than NumPy's
+    integer matmul): every product and partial sum of a quantized dot product is an integer
+    far below 2**53 (at most 127 * 8128 * 256 per super-block), so no order of summation can
+    round."""
+    return (a.astype(np.float64) @ b.astype(np.float64)).astype(np.int64)
 
 
 def _lanes(wq: np.ndarray, scale: np.ndarray, per_scale: int, a_qs: np.ndarray) -> np.ndarray:
@@ -272,7 +280,7 @@ def _lanes(wq: np.ndarray, scale: np.ndarray, per_scale: int, a_qs: np.ndarray) 
     ws = wq.reshape(r, nb, 32, 8) * np.repeat(scale, per_t, axis=2)[..., None]
     A = ws.transpose(1, 3, 0, 2)                        # (nb, 8, r, 32)
     B = a_qs.reshape(n, nb, 32, 8).astype(np.int64).transpose(1, 3, 2, 0)   # (nb, 8, 32, n)
-    return (A @ B).transpose(0, 3, 2, 1)                # (nb, n, r, 8), exact int64
+    return int_matmul(A, B).transpose(0, 3, 2, 1)        # (nb, n, r, 8), exact int64
 
 
 def _lane_sums(d: np.ndarray, yd: np.ndarray, aux: np.ndarray) -> np.ndarray:
@@ -339,7 +347,7 @@ class _ScaleMinK(_Quant):
         # sumi = sum_j bsums[j] * mins[j/2]   (exact, from the activation's stored bsums)
         mins16 = np.repeat(m.reshape(r, nb, 8), 2, axis=2).transpose(1, 0, 2)   # (nb, r, 16)
         bs = a.bsums.astype(np.int64).reshape(n, nb, 16).transpose(1, 2, 0)     # (nb, 16, n)
-        sumi = (mins16 @ bs).transpose(0, 2, 1)                                 # (nb, n, r)
+        sumi = int_matmul(mins16, bs).transpose(0, 2, 1)                                # (nb, n, r)
         d, dmin = d.reshape(r, nb), dmin.reshape(r, nb)
         sums = _lane_sums(d, yd, aux)
         sumf = np.zeros((n, r), np.float32)
