@@ -14,6 +14,7 @@ from ..contract.process import EngineCommand, EngineRun, run_engine
 from ..contract.runspec import RunSpec
 from ..gguf.facts import ModelFacts
 from ..gguf.file import EXPERT_PARTS, ModelFile
+from ..gguf.identity import file_sha256
 from ..units import arena_mib
 
 
@@ -33,6 +34,7 @@ class CheckContext:
     facts: ModelFacts = field(init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
     _sha: dict = field(default_factory=dict, init=False)
+    _model_sha: str | None = field(default=None, init=False)
 
     def __post_init__(self):
         self.facts = ModelFacts.of(self.mf, self.cfg.run.slot_align, self.cfg.run.slot_windows)
@@ -88,6 +90,12 @@ class CheckContext:
         return run_engine(self.engine, args, timeout=self.cfg.engine.timeout_s, label=label, threads=self.threads)
 
     # -------------------------------------------------------------- reference facts
+
+    def model_sha256(self) -> str:
+        with self._lock:
+            if self._model_sha is None:
+                self._model_sha = file_sha256(self.model_path)
+            return self._model_sha
 
     def expert_sha256(self, layer: int, expert: int) -> bytes:
         """sha256 of the expert's gate, up and down bytes, read from the file by offset."""

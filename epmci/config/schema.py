@@ -11,7 +11,7 @@ from ..compare.arrays import Tolerance
 from ..compare.logits import MODES
 
 CONFIG_NAME = "epmci.yaml"
-SUITE_NAMES = ("kernel", "layer", "prefetch-stress", "determinism", "e2e", "perf")
+SUITE_NAMES = ("kernel", "layer", "prefetch-stress", "determinism", "e2e", "model", "perf")
 COMPARE_MODES = MODES
 LAYOUTS = ("mixed", "uniform")
 INCONCLUSIVE = ("skip", "pass", "fail")
@@ -49,6 +49,9 @@ class PromptConfig:
     e2e: list[str] = field(default_factory=lambda: [
         "The", "a", "The capital of France is",
         "Write one sentence about SSD caching.", "請用一句話介紹你自己。"])
+    # the model suite repeats this text until the prompt is long enough (model_suite.context_fraction)
+    model: str = ("Experts are read from the disk into a fixed arena of slots. The router picks a few "
+                  "experts for every token, and the pager keeps the hot ones in memory. ")
 
 
 @dataclass
@@ -84,6 +87,15 @@ class E2EConfig:
     n_predict: int = 8
     compare: str = "exact"           # exact | argmax | kl; the bundled engine is always exact
     max_kl: float = 1e-4
+
+
+@dataclass
+class ModelSuiteConfig:
+    context_fraction: float = 0.5    # prompt positions: at least this share of the model's context length
+    n_predict: int = 8               # decode steps after the prompt (the reference teacher-forces them)
+    batch: int = 32                  # -b of the run: the prompt crosses many micro-batches
+    compare: str = "exact"           # exact | argmax | kl -- for an external engine; the bundled engine is always exact
+    max_kl: float = 1e-4             # with compare: kl, max KL(reference || engine) per position, nats
 
 
 @dataclass
@@ -126,6 +138,7 @@ class CheckConfig:
     prefetch_stress: StressConfig = field(default_factory=StressConfig)
     determinism: DeterminismConfig = field(default_factory=DeterminismConfig)
     e2e: E2EConfig = field(default_factory=E2EConfig)
+    model_suite: ModelSuiteConfig = field(default_factory=ModelSuiteConfig)
     perf: PerfConfig = field(default_factory=PerfConfig)
     source: str = field(default="<defaults>", metadata={"internal": True})
 

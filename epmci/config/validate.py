@@ -55,13 +55,20 @@ def validate(cfg: CheckConfig) -> None:
         raise InputError(w, f"prefetch_stress.layouts must be a non-empty subset of {list(LAYOUTS)}")
     if cfg.e2e.compare not in COMPARE_MODES:
         raise InputError(w, f"e2e.compare must be one of {', '.join(COMPARE_MODES)}, got {cfg.e2e.compare!r}")
+    ms = cfg.model_suite
+    if not 0 < ms.context_fraction <= 0.95:
+        raise InputError(w, f"model_suite.context_fraction must be in (0, 0.95], got {ms.context_fraction}")
+    if ms.n_predict < 2 or ms.batch < 1:
+        raise InputError(w, "model_suite.n_predict must be >= 2 (decode steps to check) and model_suite.batch >= 1")
+    if ms.compare not in COMPARE_MODES or not ms.max_kl >= 0:
+        raise InputError(w, f"model_suite.compare must be one of {', '.join(COMPARE_MODES)} and max_kl >= 0")
     if not cfg.e2e.max_kl >= 0:
         raise InputError(w, f"e2e.max_kl must be >= 0, got {cfg.e2e.max_kl}")
     validate_perf(cfg.perf, w)
     for key, tol in (("kernel.tolerance", cfg.kernel.tolerance), ("layer.tolerance", cfg.layer.tolerance)):
         if not (tol.atol >= 0 and tol.rtol >= 0):
             raise InputError(w, f"{key}: atol and rtol must be >= 0")
-    prompts = [cfg.prompts.layer, cfg.prompts.stress, cfg.prompts.determinism, *cfg.prompts.e2e]
+    prompts = [cfg.prompts.layer, cfg.prompts.stress, cfg.prompts.determinism, cfg.prompts.model, *cfg.prompts.e2e]
     if not cfg.prompts.e2e or any(not p for p in prompts):
         raise InputError(w, "prompts: every prompt must be non-empty, and e2e needs at least one")
     for key, cmd in (("engine.cmd", e.cmd), ("engine.build_cmd", e.build_cmd)):

@@ -1,0 +1,158 @@
+"""Layer 6, model: the engine's logits at every position of a long prompt and of the decode
+steps after it, against the reference's whole-model forward on the same tokens.
+
+The prompt (prompts.model repeated) reaches model_suite.context_fraction of the model's
+context length and crosses many micro-batches (model_suite.batch); then the engine decodes
+model_suite.n_predict tokens greedily, one step at a time. The reference tokenizes the
+prompt itself (epmci/reference/tokenizer.py), takes the generated tokens from the engine's
+own logits (the greedy choice of each row) and evaluates the whole sequence at once,
+teacher-forced. Paged, default settings, with the MoE dump, so a difference is located: the
+first differing position (in the prompt or in decode) and the first layer whose MoE input
+differs there.
+
+Catches what the per-layer checks cannot: attention, RoPE, the KV cache and the decode path
+at long context (a position offset after the first micro-batch, a cache row written at the
+wrong position, RoPE wrong beyond some position, decode steps that see a stale cache), and
+an engine that evaluates other positions than it was given (an extra BOS token, a chat
+template around a --no-chat prompt).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import numpy as np
+
+from ...compare.logits import compare_logits, logits_verdict
+from ...contract.outputs import ContractError, read_logits, read_moe_dump, read_stats
+from ...contract.runspec import LOGITS_FILE, STATS_FILE
+from ...reference.tokenizer import ReferenceTokenizer
+from ..context import CheckContext
+from ..reference_runs import whole_model
+from ..result import FAIL, PASS, CheckResult
+from .base import Task, run_failed
+
+NAME = "model"
+RESULTS = ("prompt positions", "decode positions")
+CTX_SLACK = 64
+
+
+def long_prompt(text: str, tokenizer: ReferenceTokenizer, positions: int) -> tuple[str, list[int]]:
+    """`text` repeated until it tokenizes to at least `positions` tokens."""
+    prompt = text
+    while len(ids := tokenizer.encode(prompt, parse_special=False)) < positions:
+        prompt += text
+    return prompt, ids
+
+
+class ModelSuite:
+    name = NAME
+    title = "model: every position of a long prompt and of decode vs the whole-model reference"
+    description = __doc__
+
+    def mode(self, ctx: CheckContext) -> str:
+        return "exact" if ctx.engine.bundled else ctx.cfg.model_suite.compare
+
+    def plan(self, ctx: CheckContext) -> list[Task | CheckResult]:
+        ms = ctx.cfg.model_suite
+        tokenizer = ReferenceTokenizer.of(ctx.mf)
+        positions = max(2, int(ms.context_fraction * ctx.mf.hp.n_ctx_train))
+        prompt, ids = long_prompt(ctx.cfg.prompts.model, tokenizer, positions)
+        return [Task(NAME, "whole model", lambda: self.check(ctx, prompt, ids), names=list(RESULTS), cost=4.0)]
+
+    def check(self, ctx: CheckContext, prompt: str, prompt_ids: list[int]) -> list[CheckResult]:
+        ms = ctx.cfg.model_suite
+        out = ctx.dir("model")
+        # room beyond prompt + decode: an engine that evaluates more positions than it was
+        # given must still run, so the check can say so
+        spec = dataclasses.replace(ctx.spec(prompt, n_predict=ms.n_predict, batch=ms.batch),
+                                   ctx=len(prompt_ids) + ms.n_predict + CTX_SLACK)
+        run = ctx.run("model", spec, out, env={"SDQ_MOE_DUMP": str(out / "moe")})
+        if not run.ok:
+            return run_failed(NAME, list(RESULTS), run)
+        t0 = time.perf_counter()
+        details = f"command: {run.command_line()}"
+        mode, P = self.mode(ctx), len(prompt_ids)
+
+        def results(statuses: list[str], msgs: list[str], props: dict) -> list[CheckResult]:
+            secs = run.seconds + time.perf_counter() - t0
+            return [CheckResult(NAME, n, st, m, dict(props), secs if i == 0 else 0.0, run.stderr_tail(), details)
+                    for i, (n, st, m) in enumerate(zip(RESULTS, statuses, msgs))]
+
+        def both_fail(msg: str) -> list[CheckResult]:
+            return results([FAIL, FAIL], [msg, msg], props)
+
+        props: dict = {"mode": mode, "prompt_tokens": P, "batch": ms.batch}
+        if run.slot_errors:
+            return both_fail(f"engine reported a slot error: {run.slot_errors[0]}")
+        try:
+            rows = read_logits(out / LOGITS_FILE)
+            prefill = [r for r in read_stats(out / STATS_FILE) if r["phase"] == "prefill"]
+        except ContractError as e:
+            return both_fail(f"output unusable: {e}")
+        evaluated = int(prefill[0].get("tokens", -1)) if prefill else -1
+        props.update(engine_prompt_positions=evaluated, rows=int(rows.shape[0]))
+        if evaluated != P:
+            return both_fail(f"the engine evaluated {evaluated} prompt positions, the reference tokenizes the "
+                             f"prompt (--no-chat) to {P} tokens: the engine does not evaluate the prompt it was "
+                             f"given (a BOS token added, a chat template, another tokenization?)")
+        if rows.shape[0] < P:
+            return both_fail(f"{rows.shape[0]} logits rows for a {P}-token prompt")
+        # the tokens fed back in decode: the greedy choice (first maximum) of each row from P-1 on
+        fed = [int(t) for t in np.argmax(rows[P - 1:-1], axis=1)] if rows.shape[0] > P else []
+        tokens = np.array(prompt_ids + fed, dtype=np.int32)
+        ref = whole_model(ctx.mf, ctx.model_sha256(), tokens)
+        if ref.logits.shape[1] != rows.shape[1]:
+            return both_fail(f"logits rows have {rows.shape[1]} values, the model's vocabulary is "
+                             f"{ref.logits.shape[1]}")
+        props["decode_steps"] = len(fed)
+        verdicts, msgs = [], []
+        for lo, hi, what in ((0, P, "prompt"), (P, rows.shape[0], "decode")):
+            a, b = ref.logits[lo:hi], rows[lo:hi]
+            if hi <= lo:
+                verdicts.append(FAIL)
+                msgs.append(f"no {what} positions to compare (the engine decoded {len(fed) + 1} tokens, "
+                            f"asked for {ms.n_predict})")
+                continue
+            diff = compare_logits(a, b)
+            props.update({f"{what}_{k}": v for k, v in diff.props().items()})
+            span = f"positions {lo}..{hi - 1}" if what == "prompt" else f"decode steps at positions {lo}..{hi - 1}"
+            if logits_verdict(diff, mode, ms.max_kl):
+                verdicts.append(PASS)
+                msgs.append(f"{mode}: {span}: {diff.text()}")
+                continue
+            first = lo + self._first_bad(a, b, mode, ms.max_kl)
+            props[f"{what}_first_differing_position"] = first
+            where = self._first_layer(ctx, out, ref.moe_in, first)
+            verdicts.append(FAIL)
+            msgs.append(f"{span} differ from the reference ({mode}): first at position {first}"
+                        f"{'' if what == 'prompt' else f' (decode step {first - P + 1})'}; {where}; {diff.text()}")
+        return results(verdicts, msgs, props)
+
+    @staticmethod
+    def _first_bad(a: np.ndarray, b: np.ndarray, mode: str, max_kl: float) -> int:
+        for i in range(len(a)):
+            if not logits_verdict(compare_logits(a[i:i + 1], b[i:i + 1]), mode, max_kl):
+                return i
+        return 0
+
+    def _first_layer(self, ctx: CheckContext, out, moe_in: np.ndarray, pos: int) -> str:
+        """The first layer whose MoE input (from the engine's dump) differs at `pos`."""
+        f = ctx.facts
+        try:
+            for il in range(f.n_layer):
+                h = read_moe_dump(out / f"moe.{il}", layer=il, n_embd=f.n_embd, k=f.n_expert_used).concat().h
+                if h.shape[0] <= pos:
+                    return f"the MoE dump of layer {il} has only {h.shape[0]} rows"
+                if h[pos].tobytes() != moe_in[il, pos].tobytes():
+                    if il == 0:
+                        return "layer 0's MoE input already differs (embedding or layer 0's attention)"
+                    return (f"the first layer whose MoE input differs there is layer {il} (layer {il - 1}'s "
+                            f"input is equal: layer {il - 1}'s MoE output or layer {il}'s attention)")
+        except ContractError as e:
+            return f"no MoE dump to locate the layer ({e})"
+        return "every layer's MoE input equals the reference there: the last layer's MoE or the output head"
+
+
+SUITE = ModelSuite()

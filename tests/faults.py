@@ -1,0 +1,44 @@
+"""Helpers of the fault-injection tests: a broken copy of the bundled engine is a small script
+written into tmp_path that imports the engine, monkeypatches one thing and runs
+engine.cli.main() -- driven with --engine-cmd, exactly as an external engine would be.
+Nothing in the engine's production code knows about faults."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import textwrap
+
+from epmci.cli import main as epmci_main
+
+HEADER = "import sys, time\nimport numpy as np\nimport engine.cli\n"
+FOOTER = "\nsys.exit(engine.cli.main())\n"
+
+
+def broken_engine(tmp_path, patch: str, name: str = "broken_engine.py") -> str:
+    script = tmp_path / name
+    script.write_text(HEADER + textwrap.dedent(patch) + FOOTER)
+    return f"{shlex.quote(sys.executable)} {shlex.quote(str(script))}"
+
+
+def run_check(tmp_path, model, engine_cmd: str | None, *args: str) -> tuple[int, dict]:
+    out = tmp_path / "report.json"
+    argv = ["check", "--model", str(model), "--json", str(out), "--jobs", "2", "-q",
+            "--workdir", str(tmp_path / "work")]
+    if engine_cmd:
+        argv += ["--engine-cmd", engine_cmd]
+    rc = epmci_main(argv + list(args))
+    report = json.loads(out.read_text()) if out.exists() else {}
+    return rc, report
+
+
+def results(report: dict, suite: str) -> list[dict]:
+    for s in report["suites"]:
+        if s["name"] == suite:
+            return s["results"]
+    return []
+
+
+def statuses(report: dict, suite: str) -> dict[str, str]:
+    return {r["name"]: r["status"] for r in results(report, suite)}

@@ -1,0 +1,93 @@
+"""The model suite catches what no per-layer check sees -- attention, RoPE, the KV cache and
+the decode path at long context, and an engine evaluating other positions than it was given
+-- and points at the position and the layer. Each fault is a broken copy of the engine."""
+
+from __future__ import annotations
+
+import pytest
+
+from faults import broken_engine, results, run_check, statuses
+
+pytestmark = pytest.mark.usefixtures("built_engine")
+
+SUITE = ("--suites", "model")
+
+
+def model_results(tmp_path, tiny_model, patch: str) -> tuple[dict[str, str], dict[str, str]]:
+    rc, rep = run_check(tmp_path, tiny_model, broken_engine(tmp_path, patch), *SUITE)
+    assert rc == 1, rep
+    return statuses(rep, "model"), {r["name"]: r["message"] for r in results(rep, "model")}
+
+
+def test_the_bundled_engine_passes_at_every_position(tmp_path, tiny_model):
+    rc, rep = run_check(tmp_path, tiny_model, None, *SUITE, "--no-build")
+    assert rc == 0, rep
+    res = results(rep, "model")
+    assert [r["status"] for r in res] == ["pass", "pass"]
+    p = res[0]["properties"]
+    assert p["prompt_tokens"] >= 128 and p["prompt_identical"] and p["decode_identical"]   # half of tiny's 256
+    assert p["decode_steps"] >= 2 and "byte-identical" in res[1]["message"]
+
+
+def test_rope_wrong_beyond_a_position_is_located(tmp_path, tiny_model):
+    """RoPE angles off from position 100 on: short prompts never get there."""
+    st, msg = model_results(tmp_path, tiny_model, """
+        import engine.ops as O
+        good = O.rope_cache
+        def rope_cache(positions, head_dim, base):
+            cos, sin = good(positions, head_dim, base)
+            cos[positions >= 100] *= np.float32(1.001)
+            return cos, sin
+        O.rope_cache = rope_cache
+    """)
+    assert st == {"prompt positions": "fail", "decode positions": "fail"}
+    assert "first at position 100" in msg["prompt positions"]
+    assert "layer 0's MoE input already differs" in msg["prompt positions"]
+
+
+def test_decode_step_at_the_wrong_position_fails_decode_only(tmp_path, tiny_model):
+    """Single-token decode steps rotated as if one position earlier: every prompt position is
+    right, every decode step wrong."""
+    st, msg = model_results(tmp_path, tiny_model, """
+        import engine.ops as O
+        good = O.rope_cache
+        O.rope_cache = lambda positions, d, base: good(positions - 1 if len(positions) == 1 else positions, d, base)
+    """)
+    assert st == {"prompt positions": "pass", "decode positions": "fail"}
+    assert "(decode step 1)" in msg["decode positions"]
+
+
+def test_kv_cache_row_written_late_in_a_micro_batch_boundary(tmp_path, tiny_model):
+    """The attention of a micro-batch ignores the first cached key once the cache is long
+    (a window bug): exact until position 64, wrong after."""
+    st, msg = model_results(tmp_path, tiny_model, """
+        import engine.ops as O
+        good = O.attention_probs
+        def attention_probs(q16, k_cache, pos0, lut, scale):
+            if pos0 >= 64:
+                k_cache = k_cache.copy()
+                k_cache[0] = k_cache[1]
+            return good(q16, k_cache, pos0, lut, scale)
+        O.attention_probs = attention_probs
+    """)
+    assert st["prompt positions"] == "fail"
+    first = int(msg["prompt positions"].split("first at position ")[1].split(";")[0].split()[0])
+    assert 64 <= first < 64 + 32          # the first micro-batch (-b 32) that starts at 64 or later
+
+
+@pytest.mark.parametrize("fault, what", [
+    ("""
+        import engine.runtime as R
+        good = R.Engine.encode_prompt
+        R.Engine.encode_prompt = lambda self, prompt, chat: [self.tokenizer.eos_id] + good(self, prompt, chat)
+    """, "an extra leading token"),
+    ("""
+        import engine.runtime as R
+        good = R.Engine.encode_prompt
+        R.Engine.encode_prompt = lambda self, prompt, chat: good(self, prompt, True)
+    """, "the chat template around a --no-chat prompt"),
+])
+def test_an_engine_evaluating_other_positions_fails(tmp_path, tiny_model, fault, what):
+    st, msg = model_results(tmp_path, tiny_model, fault)
+    assert set(st.values()) == {"fail"}, what
+    assert "the engine does not evaluate the prompt it was given" in msg["prompt positions"], what
