@@ -7,6 +7,9 @@ import hashlib
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, TypeVar
+
+import numpy as np
 
 from ..config.schema import CheckConfig
 from ..contract import runspec
@@ -15,7 +18,10 @@ from ..contract.runspec import RunSpec
 from ..gguf.facts import ModelFacts
 from ..gguf.file import EXPERT_PARTS, ModelFile
 from ..gguf.identity import file_sha256
+from ..reference.moe import MoEResult, moe_layer
 from ..units import arena_mib
+
+T = TypeVar("T")
 
 
 def auto_arena_mb(cfg: CheckConfig, facts: ModelFacts, batch: int) -> float:
@@ -35,6 +41,7 @@ class CheckContext:
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
     _sha: dict = field(default_factory=dict, init=False)
     _model_sha: str | None = field(default=None, init=False)
+    _shared: dict = field(default_factory=dict, init=False)
 
     def __post_init__(self):
         self.facts = ModelFacts.of(self.mf, self.cfg.run.slot_align, self.cfg.run.slot_windows)
@@ -90,6 +97,23 @@ class CheckContext:
         return run_engine(self.engine, args, timeout=self.cfg.engine.timeout_s, label=label, threads=self.threads)
 
     # -------------------------------------------------------------- reference facts
+
+    def shared(self, key: object, make: Callable[[], T]) -> T:
+        """make(), computed once per check for `key` however many tasks ask (the others wait):
+        for results several independent tasks compare with, e.g. one resident run."""
+        with self._lock:
+            slot = self._shared.setdefault(key, [threading.RLock(), None, False])
+        with slot[0]:
+            if not slot[2]:
+                slot[1], slot[2] = make(), True
+            return slot[1]
+
+    def reference_moe(self, layer: int, h: np.ndarray) -> MoEResult:
+        """The reference MoE layer on rows h, memoized by their bytes: runs of one prompt under
+        different settings dump the same inputs when the engine is right."""
+        h = np.ascontiguousarray(h, dtype=np.float32)
+        return self.shared(("moe", layer, hashlib.sha256(h.tobytes()).hexdigest()),
+                           lambda: moe_layer(self.mf, layer, h))
 
     def model_sha256(self) -> str:
         with self._lock:

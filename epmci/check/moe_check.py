@@ -14,7 +14,6 @@ import numpy as np
 
 from ..compare.arrays import Tolerance, compare_arrays
 from ..contract.outputs import ContractError, read_moe_dump
-from ..reference.moe import moe_layer
 from .context import CheckContext
 from .result import FAIL, PASS, CheckResult
 
@@ -54,7 +53,7 @@ def check_dump(ctx: CheckContext, suite: str, name: str, dump_path: Path, layer:
     props.update(rows=n, records=len(dump.records))
     if expect_rows is not None and n != expect_rows:
         return result(FAIL, f"{where}: dump has {n} rows but the run evaluated {expect_rows} positions")
-    ref = moe_layer(ctx.mf, layer, rec.h)
+    ref = ctx.reference_moe(layer, rec.h)
 
     # routing: recomputed from the dumped input, must select the same experts in the same order
     sel_bad = np.nonzero((rec.selected != ref.selected).any(axis=1))[0]

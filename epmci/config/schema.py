@@ -11,7 +11,7 @@ from ..compare.arrays import Tolerance
 from ..compare.logits import MODES
 
 CONFIG_NAME = "epmci.yaml"
-SUITE_NAMES = ("kernel", "layer", "prefetch-stress", "determinism", "e2e", "model", "perf")
+SUITE_NAMES = ("kernel", "layer", "prefetch-stress", "determinism", "e2e", "model", "switches", "perf")
 COMPARE_MODES = MODES
 LAYOUTS = ("mixed", "uniform")
 INCONCLUSIVE = ("skip", "pass", "fail")
@@ -49,6 +49,7 @@ class PromptConfig:
     e2e: list[str] = field(default_factory=lambda: [
         "The", "a", "The capital of France is",
         "Write one sentence about SSD caching.", "請用一句話介紹你自己。"])
+    switches: str = "Write one sentence about SSD caching, then explain why experts are paged."
     # the model suite repeats this text until the prompt is long enough (model_suite.context_fraction)
     model: str = ("Experts are read from the disk into a fixed arena of slots. The router picks a few "
                   "experts for every token, and the pager keeps the hot ones in memory. ")
@@ -99,6 +100,15 @@ class ModelSuiteConfig:
 
 
 @dataclass
+class SwitchesConfig:
+    batch: int = 4                   # -b of the runs that do not set their own
+    n_predict: int = 6
+    margin_experts: int = 2          # slots above the minimum arena, per slot class: evictions every token
+    hot_pin: int = 8                 # SDQ_HOT_PIN of the hot-pin run
+    runs: list[str] = field(default_factory=list)   # names of the runs to do (epmci/check/suites/switches.py); [] = all
+
+
+@dataclass
 class PerfConfig:
     profile: str = "local"           # golden/<profile>/<model id>.yaml (--profile)
     golden_dir: str = "golden"       # relative to the config file's directory (else the cwd)
@@ -139,6 +149,7 @@ class CheckConfig:
     determinism: DeterminismConfig = field(default_factory=DeterminismConfig)
     e2e: E2EConfig = field(default_factory=E2EConfig)
     model_suite: ModelSuiteConfig = field(default_factory=ModelSuiteConfig)
+    switches: SwitchesConfig = field(default_factory=SwitchesConfig)
     perf: PerfConfig = field(default_factory=PerfConfig)
     source: str = field(default="<defaults>", metadata={"internal": True})
 

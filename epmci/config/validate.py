@@ -62,13 +62,16 @@ def validate(cfg: CheckConfig) -> None:
         raise InputError(w, "model_suite.n_predict must be >= 2 (decode steps to check) and model_suite.batch >= 1")
     if ms.compare not in COMPARE_MODES or not ms.max_kl >= 0:
         raise InputError(w, f"model_suite.compare must be one of {', '.join(COMPARE_MODES)} and max_kl >= 0")
+    sw = cfg.switches
+    if sw.batch < 1 or sw.n_predict < 2 or sw.margin_experts < 0 or sw.hot_pin < 1:
+        raise InputError(w, "switches: batch >= 1, n_predict >= 2, margin_experts >= 0 and hot_pin >= 1 needed")
     if not cfg.e2e.max_kl >= 0:
         raise InputError(w, f"e2e.max_kl must be >= 0, got {cfg.e2e.max_kl}")
     validate_perf(cfg.perf, w)
     for key, tol in (("kernel.tolerance", cfg.kernel.tolerance), ("layer.tolerance", cfg.layer.tolerance)):
         if not (tol.atol >= 0 and tol.rtol >= 0):
             raise InputError(w, f"{key}: atol and rtol must be >= 0")
-    prompts = [cfg.prompts.layer, cfg.prompts.stress, cfg.prompts.determinism, cfg.prompts.model, *cfg.prompts.e2e]
+    prompts = [cfg.prompts.layer, cfg.prompts.stress, cfg.prompts.determinism, cfg.prompts.model, cfg.prompts.switches, *cfg.prompts.e2e]
     if not cfg.prompts.e2e or any(not p for p in prompts):
         raise InputError(w, "prompts: every prompt must be non-empty, and e2e needs at least one")
     for key, cmd in (("engine.cmd", e.cmd), ("engine.build_cmd", e.build_cmd)):

@@ -158,6 +158,25 @@ def read_selftest(path: str | os.PathLike, layer: int | None = None, expert: int
     return Selftest(lay, exp, sha, x, y)
 
 
+# ------------------------------------------------------------------------ routing profile
+
+def read_profile(path: str | os.PathLike) -> list[tuple[int, int, int]]:
+    """--profile-out: `layer expert count` lines (blank lines and # comments ignored), in the
+    file's order -> [(layer, expert, count)]."""
+    out = []
+    for i, line in enumerate(_read(path).decode("utf-8", "replace").splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        try:
+            layer, expert, count = (int(v) for v in line.split())
+        except ValueError:
+            raise ContractError(path, f"line {i}: expected `layer expert count`, got {line.strip()[:60]!r}") from None
+        out.append((layer, expert, count))
+    if not out:
+        raise ContractError(path, "no routing counts")
+    return out
+
+
 # ------------------------------------------------------------------------ stats
 
 def read_stats(path: str | os.PathLike) -> list[dict]:

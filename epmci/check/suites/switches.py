@@ -1,0 +1,284 @@
+"""Layer 7, switches: one paged run per data-path switch of docs/engine-contract.md (RUNS
+below; tests/test_switches.py fails when the contract documents a switch no run sets), each
+on a short prompt in an arena a few slots above the minimum, so experts are evicted on
+every token. Every run is checked three ways:
+
+- correctness: the MoE dumps of the auto layers against the reference (as the layer
+  suite), and the logits of every position against one resident (--no-pager) run;
+- the switch's documented effect on the exact counters: without prefetch, hits, misses,
+  evictions and bytes read must be what the contract's cache policy gives on the routing
+  the run dumped (epmci/contract/cache_model.py: LRU per slot class, admission, pins);
+  switches that only change how bytes move (reader threads, serial reads, fadvise) must
+  leave every counter equal to the default run's; with prefetch, the counters' invariants;
+- the switch itself took effect where the stats can show it (an arena from SDQ_ARENA_MB,
+  exact reads moving no padding, uniform slots, -b's micro-batches, no prefetch issued).
+
+Catches paging faults that exist only on a configuration branch the other suites never
+take: the transient-buffer path of admission, hot pins, serial or single-threaded reads,
+exact buffered reads, fadvise, other prefetch distances, a tiny prefetch queue, -b 1 and
+odd micro-batches.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+from ...compare.counters import counter_changes
+from ...compare.logits import compare_logits, logits_verdict
+from ...contract.cache_model import CacheModel, Lookup
+from ...contract.outputs import ContractError, counters_of, read_logits, read_moe_dump, read_profile, read_stats
+from ...contract.runspec import LOGITS_FILE, STATS_FILE
+from ...errors import InputError
+from ...units import arena_mib
+from ..context import CheckContext
+from ..moe_check import check_dump
+from ..result import FAIL, PASS, CheckResult
+from .base import Task, run_failed
+from .layer import check_layers
+
+NAME = "switches"
+PROFILE = "{profile}"       # env placeholder: the default run's --profile-out file
+ARENA = "{arena}"           # env placeholder: the run's arena (SDQ_ARENA_MB; --arena-mb then asks for twice it)
+HOT_PIN = "{hot_pin}"       # env placeholder: switches.hot_pin (the arena gets that many slots more per class)
+
+
+@dataclass(frozen=True)
+class SwitchRun:
+    name: str
+    env: dict = field(default_factory=dict)
+    batch: int | None = None       # None: switches.batch
+    prefetch: bool = True          # False: --no-prefetch
+    expect: str = "prefetch"       # simulated | like-default | prefetch (the counters' invariants)
+
+
+RUNS = [
+    SwitchRun("default", {}, expect="prefetch"),
+    SwitchRun("serial reads, one reader, fadvise",
+              {"SDQ_IO_PARALLEL": "0", "SDQ_IO_THREADS": "1", "SDQ_FADV_DONTNEED": "1"}, expect="like-default"),
+    SwitchRun("admit=2", {"SDQ_ADMIT_MIN_HITS": "2", "SDQ_PREFETCH": "0"}, expect="simulated"),
+    SwitchRun("admit=3, exact reads, SDQ_ARENA_MB",
+              {"SDQ_ADMIT_MIN_HITS": "3", "SDQ_DIRECT_IO": "0", "SDQ_ARENA_MB": ARENA}, prefetch=False,
+              expect="simulated"),
+    SwitchRun("hot pins, uniform slots",
+              {"SDQ_HOT_PIN": HOT_PIN, "SDQ_PROFILE_IN": PROFILE, "SDQ_FORCE_UNIFORM_SLOT": "1",
+               "SDQ_PREFETCH": "0"}, expect="simulated"),
+    SwitchRun("-b 1", batch=1, prefetch=False, expect="simulated"),
+    SwitchRun("-b 3", {"SDQ_PREFETCH": "0"}, batch=3, expect="simulated"),
+    SwitchRun("layer-ahead 0, queue 2, stale 0",
+              {"SDQ_PREFETCH_LAYER_AHEAD": "0", "SDQ_PREFETCH_QUEUE": "2", "SDQ_PREFETCH_STALE_TOKENS": "0"},
+              batch=3),
+    SwitchRun("layer-ahead 2", {"SDQ_PREFETCH_LAYER_AHEAD": "2"}),
+]
+COUNTER_FIELDS = ("hits", "misses", "evictions", "ssd_bytes")
+
+
+class SwitchesSuite:
+    name = NAME
+    title = "switches: one paged run per data-path switch, vs the reference, resident logits and the cache policy"
+    description = __doc__
+
+    def mode(self, ctx: CheckContext) -> str:
+        return "exact" if ctx.engine.bundled else ctx.cfg.e2e.compare
+
+    def plan(self, ctx: CheckContext) -> list[Task | CheckResult]:
+        layers = [l for l in check_layers(ctx) if 0 <= l < ctx.facts.n_layer]
+        wanted = ctx.cfg.switches.runs
+        unknown = [n for n in wanted if n not in {r.name for r in RUNS}]
+        if unknown:
+            raise InputError(ctx.cfg.source, f"switches.runs: unknown {unknown} (runs: {', '.join(r.name for r in RUNS)})")
+        return [Task(NAME, r.name, lambda r=r: [self.check(ctx, r, layers)], names=[r.name], cost=1.5)
+                for r in RUNS if not wanted or r.name in wanted]
+
+    # -------------------------------------------------------------- shared runs
+
+    def _dir(self, ctx: CheckContext, name: str):
+        return ctx.dir("switches-" + "".join(c if c.isalnum() else "-" for c in name))
+
+    def _run(self, ctx: CheckContext, r: SwitchRun):
+        sw = ctx.cfg.switches
+        batch = r.batch or sw.batch
+        arena = self._arena_of(ctx, r, batch)
+        out = self._dir(ctx, r.name)
+        env = {"SDQ_MOE_DUMP": str(out / "moe")}
+        for k, v in r.env.items():
+            v = v.replace(ARENA, f"{arena:.6f}").replace(HOT_PIN, str(sw.hot_pin))
+            if PROFILE in v:
+                v = str(self._default(ctx)[1] / "routing.profile")
+            env[k] = v
+        spec = ctx.spec(ctx.cfg.prompts.switches, n_predict=sw.n_predict, batch=batch, prefetch=r.prefetch,
+                        arena_mb=2 * arena if ARENA in r.env.values() else arena)
+        if r.name == "default":
+            spec.profile_out = str(out / "routing.profile")
+        return ctx.run(f"switches {r.name}", spec, out, env=env), out, arena
+
+    def _default(self, ctx: CheckContext):
+        return ctx.shared("switches-default", lambda: self._run(ctx, RUNS[0]))
+
+    def _resident(self, ctx: CheckContext):
+        def run():
+            out = self._dir(ctx, "resident")
+            sw = ctx.cfg.switches
+            spec = ctx.spec(ctx.cfg.prompts.switches, n_predict=sw.n_predict, batch=sw.batch, pager=False)
+            return ctx.run("switches resident", spec, out), out
+        return ctx.shared("switches-resident", run)
+
+    # -------------------------------------------------------------- one run
+
+    def check(self, ctx: CheckContext, r: SwitchRun, layers: list[int]) -> CheckResult:
+        run, out, arena = self._default(ctx) if r.name == "default" else self._run(ctx, r)
+        if not run.ok:
+            return run_failed(NAME, [r.name], run)[0]
+        t0 = time.perf_counter()
+        props: dict = {"env": {k: v for k, v in r.env.items()}, "batch": r.batch or ctx.cfg.switches.batch,
+                       "prefetch": r.prefetch, "arena_mb": round(arena, 6), "expect": r.expect}
+
+        def result(status: str, msg: str) -> CheckResult:
+            return CheckResult(NAME, r.name, status, msg, props, run.seconds + time.perf_counter() - t0,
+                               run.stderr_tail(), f"command: {run.command_line()}")
+
+        if run.slot_errors:
+            return result(FAIL, f"engine reported a slot error: {run.slot_errors[0]}")
+        resident, rdir = self._resident(ctx)
+        if not resident.ok:
+            return result(FAIL, f"the resident (--no-pager) run it is compared with failed: {resident.failure()}")
+        try:
+            stats = read_stats(out / STATS_FILE)
+            logits, rlogits = read_logits(out / LOGITS_FILE), read_logits(rdir / LOGITS_FILE)
+        except ContractError as e:
+            return result(FAIL, f"output unusable: {e}")
+        problems: list[str] = []
+        # 1. correctness
+        prompt = int(next((s["tokens"] for s in stats if s["phase"] == "prefill"), 0))
+        for il in layers:
+            d = check_dump(ctx, NAME, r.name, out / f"moe.{il}", il, ctx.cfg.layer.tolerance, logits.shape[0])
+            if d.status != PASS:
+                problems.append(d.message)
+                break
+        diff = compare_logits(rlogits, logits)
+        props.update({f"logits_{k}": v for k, v in diff.props().items()})
+        if not logits_verdict(diff, self.mode(ctx), ctx.cfg.e2e.max_kl):
+            problems.append(f"logits differ from the resident run: {diff.text()}")
+        if run.stdout != resident.stdout and self.mode(ctx) == "exact":
+            problems.append("generated text differs from the resident run's")
+        # 2. the counters the switch promises, 3. the switch in effect
+        try:
+            problems += self._counters(ctx, r, out, stats, prompt, props)
+        except ContractError as e:
+            problems.append(f"output unusable: {e}")
+        if problems:
+            return result(FAIL, "; ".join(problems))
+        c = props.get("decode", {})
+        return result(PASS, f"{len(layers)} layers' MoE = reference, logits = resident ({diff.text()}), counters "
+                            f"{'= the cache policy on the dumped routing' if r.expect == 'simulated' else '= the default run' if r.expect == 'like-default' else 'consistent'}"
+                            f" (decode: {c.get('hits')} hits, {c.get('misses')} misses, {c.get('evictions')} evictions)")
+
+    def _lookups(self, ctx: CheckContext, out, prompt: int) -> tuple[list[Lookup], list[int]]:
+        """Every lookup in run order, from the dumps (micro-batch by micro-batch, layer by
+        layer), and the rows of each prefill micro-batch."""
+        f = ctx.facts
+        recs = [read_moe_dump(out / f"moe.{il}", layer=il, n_embd=f.n_embd, k=f.n_expert_used).records
+                for il in range(f.n_layer)]
+        n = len(recs[0])
+        if any(len(x) != n for x in recs):
+            raise ContractError(out / "moe.0", f"layers dumped different numbers of micro-batches "
+                                               f"({sorted({len(x) for x in recs})})")
+        lookups, rows, done = [], [], 0
+        for m in range(n):
+            phase = "prefill" if done < prompt else "decode"
+            if phase == "prefill":
+                rows.append(len(recs[0][m].h))
+            done += len(recs[0][m].h)
+            for il in range(f.n_layer):
+                experts = list(dict.fromkeys(int(e) for e in recs[il][m].selected.ravel()))
+                lookups.append(Lookup(phase, il, experts))
+        return lookups, rows
+
+    def _counters(self, ctx: CheckContext, r: SwitchRun, out, stats: list[dict], prompt: int,
+                  props: dict) -> list[str]:
+        problems = []
+        by_phase = {s["phase"]: s for s in stats}
+        for ph, s in by_phase.items():
+            props[ph] = {k: s.get(k) for k in (*COUNTER_FIELDS, "prefetch_issued", "prefetch_used", "n_slots")}
+        lookups, rows = self._lookups(ctx, out, prompt)
+        for ph in ("prefill", "decode"):
+            n = sum(len(lk.experts) for lk in lookups if lk.phase == ph)
+            s = by_phase.get(ph, {})
+            if s.get("hits", 0) + s.get("misses", 0) != n:
+                problems.append(f"{ph}: hits + misses = {s.get('hits', 0) + s.get('misses', 0)}, but the run "
+                                f"looked up {n} (layer, expert) pairs (its MoE dump)")
+        batch = r.batch or ctx.cfg.switches.batch
+        if len(rows) != math.ceil(prompt / batch) or max(rows, default=0) > batch:
+            problems.append(f"-b {batch}: the prompt of {prompt} tokens was evaluated in {len(rows)} micro-batches "
+                            f"(largest {max(rows, default=0)} rows), expected {math.ceil(prompt / batch)}")
+        if r.expect == "like-default":
+            default_run, ddir, _ = self._default(ctx)
+            if not default_run.ok:
+                return problems + [f"the default run it is compared with failed: {default_run.failure()}"]
+            changes = counter_changes(counters_of(read_stats(ddir / STATS_FILE)), counters_of(stats))
+            if changes:
+                problems.append("these switches must not change any counter, but: "
+                                + "; ".join(c.text() for c in changes[:4]))
+        elif r.expect == "simulated":
+            problems += self._simulated(ctx, r, out, stats, lookups, batch)
+        else:
+            issued = sum(s.get("prefetch_issued", 0) for s in stats)
+            used = sum(s.get("prefetch_used", 0) for s in stats)
+            hits = sum(s.get("hits", 0) for s in stats)
+            if issued <= 0:
+                problems.append("no prefetch was issued: the prefetch path of these settings did not run")
+            if used > issued or used > hits:
+                problems.append(f"prefetch_used {used} exceeds prefetch_issued {issued} or hits {hits}")
+        return problems
+
+    def _simulated(self, ctx: CheckContext, r: SwitchRun, out, stats, lookups, batch: int) -> list[str]:
+        f, problems = ctx.facts, []
+        s0 = stats[0]
+        exact_reads = r.env.get("SDQ_DIRECT_IO") == "0"
+        facts = f if not exact_reads else type(f).of(ctx.mf, ctx.cfg.run.slot_align, windows=False)
+        uniform = r.env.get("SDQ_FORCE_UNIFORM_SLOT") == "1" or len(set(facts.slot_bytes)) == 1
+        big = max(facts.slot_bytes)
+        classes = [1 if uniform or facts.slot_bytes[il] == big else 0 for il in range(f.n_layer)]
+        n_slots = [int(s0.get("n_slots_small", 0)), int(s0.get("n_slots_large", 0))]
+        if uniform and n_slots[0] != 0:
+            problems.append(f"uniform slots asked for, but the arena has {n_slots[0]} small slots")
+        pins = []
+        if "SDQ_HOT_PIN" in r.env:
+            _, ddir, _ = self._default(ctx)
+            prof = read_profile(ddir / "routing.profile")
+            pins = [(l, e) for l, e, _ in prof[:ctx.cfg.switches.hot_pin]]
+        model = CacheModel(n_slots, classes, f.expert_bytes, min(f.n_expert, batch * f.n_expert_used),
+                           int(r.env.get("SDQ_ADMIT_MIN_HITS", "1")), pins)
+        want = model.run(lookups)
+        for s in stats:
+            got = {k: s.get(k) for k in COUNTER_FIELDS}
+            exp = want.get(s["phase"])
+            exp = exp.as_dict() if exp else {k: 0 for k in COUNTER_FIELDS}
+            bad = [f"{k} {got[k]} (the contract's policy: {exp[k]})" for k in COUNTER_FIELDS if got[k] != exp[k]]
+            if bad:
+                problems.append(f"{s['phase']} counters are not what the contract's cache policy gives on this "
+                                f"run's routing: " + ", ".join(bad))
+            if s.get("prefetch_issued", 0) or s.get("prefetch_used", 0):
+                problems.append(f"{s['phase']}: prefetch is off, but {s.get('prefetch_issued')} prefetches issued")
+            if exact_reads and (s.get("io_bytes") != s.get("ssd_bytes") or s.get("io_direct_pct", 0) != 0):
+                problems.append(f"{s['phase']}: SDQ_DIRECT_IO=0 reads exactly the experts' bytes through the page "
+                                f"cache, but io_bytes {s.get('io_bytes')} vs ssd_bytes {s.get('ssd_bytes')}, "
+                                f"io_direct_pct {s.get('io_direct_pct')}")
+        if ARENA in r.env.values():
+            asked = self._arena_of(ctx, r, batch)
+            if float(s0.get("arena_mb", 0)) > asked + 1e-3:
+                problems.append(f"SDQ_ARENA_MB={asked:.6f} must override --arena-mb {2 * asked:.6f}, but the arena "
+                                f"is {s0.get('arena_mb')} MiB")
+        return problems
+
+    def _arena_of(self, ctx: CheckContext, r: SwitchRun, batch: int) -> float:
+        """The minimum arena of the run's batch and layout, margin_experts slots above it per
+        class (and room for the pins of a hot-pin run, which never leave their slots)."""
+        sw = ctx.cfg.switches
+        uniform = r.env.get("SDQ_FORCE_UNIFORM_SLOT") == "1"
+        extra = sw.hot_pin if HOT_PIN in r.env.values() else 0
+        return arena_mib(ctx.facts.min_arena_bytes(batch, uniform, sw.margin_experts + extra))
+
+
+SUITE = SwitchesSuite()

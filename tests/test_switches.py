@@ -1,0 +1,133 @@
+"""The switches suite: every data-path switch the contract documents is exercised, the
+contract's cache policy model agrees with the engine, and broken copies of the engine whose
+fault lives on one configuration branch fail there, pointing at it."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from epmci.check.suites.switches import RUNS
+from epmci.contract.cache_model import CacheModel, Lookup
+from faults import broken_engine, results, run_check, statuses
+
+REPO = Path(__file__).resolve().parent.parent
+ALWAYS_SET = {"SDQ_MOE_DUMP"}        # every switches run dumps its MoE (the suite's instrument)
+
+
+def documented_switches() -> set[str]:
+    text = (REPO / "docs" / "engine-contract.md").read_text(encoding="utf-8")
+    env = text.split("## Environment", 1)[1].split("\n## ", 1)[0]
+    return set(re.findall(r"^\| `(SDQ_[A-Z_]+)` \|", env, re.M))
+
+
+def test_every_documented_switch_is_exercised():
+    documented = documented_switches()
+    assert len(documented) >= 14, documented            # the table was found and parsed
+    exercised = ALWAYS_SET | {k for r in RUNS for k in r.env}
+    assert documented - exercised == set(), "documented switches no switches run sets"
+    assert any(not r.prefetch for r in RUNS) and {1, 3} <= {r.batch for r in RUNS}   # --no-prefetch, -b 1, odd -b
+
+
+def test_the_cache_model_on_a_hand_made_trace():
+    """One class of 3 slots, need 2: LRU, admission on the 2nd lookup, a pin that is a hit
+    from its first lookup."""
+    m = CacheModel([0, 3], [1], [100], need=2, admit_min_hits=1)
+    trace = [Lookup("prefill", 0, [1, 2]), Lookup("prefill", 0, [3, 1]), Lookup("decode", 0, [4]),
+             Lookup("decode", 0, [2])]
+    got = m.run(trace)
+    assert got["prefill"].as_dict() == {"hits": 1, "misses": 3, "evictions": 0, "ssd_bytes": 300}
+    # [4] evicts the LRU entry (2), so [2] misses and evicts 3
+    assert got["decode"].as_dict() == {"hits": 0, "misses": 2, "evictions": 2, "ssd_bytes": 200}
+    admit = CacheModel([0, 3], [1], [100], need=2, admit_min_hits=2).run(trace)
+    assert admit["prefill"].as_dict() == {"hits": 0, "misses": 4, "evictions": 0, "ssd_bytes": 400}
+    pinned = CacheModel([0, 3], [1], [100], need=2, pins=[(0, 4), (0, 2)]).run(trace)   # one fits
+    assert pinned["decode"].hits == 1 and pinned["decode"].misses == 1
+
+
+@pytest.mark.usefixtures("built_engine")
+def test_the_bundled_engine_passes_every_switch(tmp_path, tiny_model):
+    rc, rep = run_check(tmp_path, tiny_model, None, "--suites", "switches", "--no-build")
+    assert rc == 0, [r["message"] for r in results(rep, "switches") if r["status"] != "pass"]
+    assert set(statuses(rep, "switches")) == {r.name for r in RUNS}
+    sim = [r for r in results(rep, "switches") if r["properties"]["expect"] == "simulated"]
+    assert len(sim) >= 4 and all("= the cache policy on the dumped routing" in r["message"] for r in sim)
+
+
+# (patch, the runs that take the faulty branch, what one of their failures must say): a fault
+# on a branch only its runs take fails them and nothing else.
+FAULTS = {
+    "transient buffer of a deferred admission reads the neighbouring expert": ("""
+        import engine.paging.pager as P
+        good = P.Pager._read_transient
+        def _read_transient(self, key):
+            wrong = (key[0], (key[1] + 1) % self.gm.hp.n_expert)
+            kept = self._transient.pop(wrong, None)
+            good(self, wrong)
+            self._transient[key] = self._transient.pop(wrong)
+            if kept is not None:
+                self._transient[wrong] = kept
+        P.Pager._read_transient = _read_transient
+    """, ["admit=2"], "MoE output differs from the reference"),
+    "admission one lookup early": ("""
+        import engine.paging.cache_policy as C
+        good = C.CachePolicy.__init__
+        def __init__(self, *a, **k):
+            good(self, *a, **k)
+            self.admit_min_hits = max(1, self.admit_min_hits - 1)
+        C.CachePolicy.__init__ = __init__
+    """, ["admit=2"], "not what the contract's cache policy gives"),
+    "hot pins loaded with the neighbouring expert's bytes": ("""
+        import engine.paging.pager as P
+        good = P.Pager._start
+        def _start(self):
+            self.pins = [((k[0], (k[1] + 1) % self.gm.hp.n_expert), s) for k, s in self.pins]
+            good(self)
+        P.Pager._start = _start
+    """, ["hot pins, uniform slots"], "differs from the reference"),
+    "serial reads put the up part's bytes into down": ("""
+        import engine.paging.expert_io as IO
+        good = IO.ExpertIO.submit
+        def submit(self, ranges, defer=False):
+            if not self.parallel and len(ranges) == 3:
+                ranges = [ranges[0], ranges[1], (ranges[1][0], ranges[2][1], ranges[2][2], ranges[2][3])]
+            return good(self, ranges, defer)
+        IO.ExpertIO.submit = submit
+    """, ["serial reads, one reader, fadvise"], "differs from the reference"),
+    "exact reads miss each part's last 32 bytes": ("""
+        import engine.paging.arena as A
+        good = A.part_window
+        A.part_window = lambda off, stride, n, size, direct: good(off, stride, n, size, direct) if direct else (0, stride - 32)
+    """, ["admit=3, exact reads, SDQ_ARENA_MB"], "differs from the reference"),
+    "two-layer-ahead prefetch reads the layer before": ("""
+        import engine.paging.pager as P
+        good = P.Pager._read_into_slot
+        def _read_into_slot(self, key, slot):
+            if self.cfg.prefetch_layer_ahead == 2 and key[0] == self.current_layer + 2:
+                key = (key[0] - 1, key[1])
+            return good(self, key, slot)
+        P.Pager._read_into_slot = _read_into_slot
+    """, ["layer-ahead 2"], ""),
+    "-b ignored": ("""
+        import engine.runtime as R
+        good = R.Engine.__init__
+        def __init__(self, path, options=None):
+            options.batch = 32
+            good(self, path, options)
+        R.Engine.__init__ = __init__
+    """, ["default", "-b 1", "-b 3"], "micro-batches"),
+}
+
+
+@pytest.mark.usefixtures("built_engine")
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_a_fault_on_one_branch_fails_that_run(tmp_path, tiny_model, fault):
+    patch, failing, says = FAULTS[fault]
+    runs = list(dict.fromkeys(["default", *failing]))
+    rc, rep = run_check(tmp_path, tiny_model, broken_engine(tmp_path, patch), "--suites", "switches",
+                        "--set", f"switches.runs={runs}")
+    st = statuses(rep, "switches")
+    assert rc == 1 and st == {r: "fail" if r in failing else "pass" for r in runs}, st
+    assert any(says in r["message"] for r in results(rep, "switches") if r["name"] in failing)
