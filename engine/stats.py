@@ -77,5 +77,6 @@ def phase_counters(prev: dict, before: dict, after: dict, phase_tokens: int) -> 
                            - float(before.get("io_wait_s", 0.0)), 6),
         "io_direct_pct": float(after.get("io_direct_pct", 0.0)),
         "arena_mb": after.get("arena_mb", 0.0),
+        "ram_need_mb": after.get("ram_need_mb", 0.0),
     }
     return out

@@ -13,6 +13,15 @@ import pytest
 from epmci.synth.store import make_model
 
 
+@pytest.fixture(autouse=True)
+def outside_ci(monkeypatch):
+    """Every test sees the same gate whether or not the suite itself runs in CI: a missing
+    golden baseline fails `epmci check` when CI or GITHUB_ACTIONS is set. Tests of that rule
+    set them themselves."""
+    for v in ("CI", "GITHUB_ACTIONS"):
+        monkeypatch.delenv(v, raising=False)
+
+
 @pytest.fixture(scope="session")
 def tiny_model():
     return make_model("tiny")

@@ -274,6 +274,58 @@ def test_missing_baseline_is_a_visible_skip(tmp_path, tiny_model, built_engine):
     assert junit.read_text().count("<skipped") >= 4
 
 
+@pytest.mark.parametrize("env, flag, status", [
+    ({"CI": "true"}, [], "fail"), ({"GITHUB_ACTIONS": "true"}, [], "fail"),
+    ({"CI": "true"}, ["--allow-missing-baseline"], "skip"), ({}, ["--set", "perf.missing_baseline=fail"], "fail"),
+    ({"CI": "false"}, [], "skip"),
+])
+def test_missing_baseline_fails_in_ci(tmp_path, tiny_model, built_engine, monkeypatch, capsys, env, flag, status):
+    """Nothing to compare with is not a pass where the gate decides (CI): a pull request that
+    changes the model identity must not switch the drift gate off unnoticed."""
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    rc, rep, _ = check(tmp_path, tiny_model, tmp_path / "empty-golden", "--profile", "nosuch", "--no-timing", *flag)
+    res = results(rep)
+    assert rc == (1 if status == "fail" else 0)
+    assert res["baseline: counters"]["status"] == status
+    assert all(r["status"] == status for n, r in res.items() if "fingerprint" in n)
+    msg = res["baseline: counters"]["message"]
+    assert "epmci golden update --profile nosuch" in msg
+    assert ("--allow-missing-baseline makes it a skip" in msg) == (status == "fail")
+    # the console says at the top, before the table, what was not compared
+    out = capsys.readouterr().out
+    head = out.split("SUITE", 1)[0]
+    if status == "skip":
+        assert "check(s) skipped, not compared:" in head and "no golden baseline for profile 'nosuch'" in head
+
+
+# ------------------------------------------------------------------ memory gate
+
+def test_memory_growth_under_the_budget_fails_against_golden(tmp_path, tiny_model, golden_dir):
+    """64 MiB more, far under the 1024 MiB budget: the golden comparison catches it."""
+    cmd = wrapper(tmp_path, """
+        import engine.runtime as R
+        good = R.Engine.__init__
+        def __init__(self, *a, **k):
+            good(self, *a, **k)
+            self.ballast = np.ones(64 << 18, dtype=np.float32)       # 64 MiB, touched
+        R.Engine.__init__ = __init__
+    """)
+    rc, rep, _ = check(tmp_path, tiny_model, golden_dir, "--no-timing", engine_cmd=cmd)
+    r = results(rep)["baseline: peak RSS"]
+    assert rc == 1 and r["status"] == "fail", r
+    assert "grew past golden" in r["message"] and r["properties"]["peak_rss_mb"] > r["properties"]["rss_limit_mb"]
+    assert r["properties"]["peak_rss_mb"] < r["properties"]["budget_mb"]
+    assert results(rep)["baseline: counters"]["status"] == "pass"       # nothing else changed
+
+
+def test_memory_within_the_allowed_growth_passes(tmp_path, tiny_model, golden_dir):
+    rc, rep, _ = check(tmp_path, tiny_model, golden_dir, "--no-timing", "--set", "perf.rss_growth_mb=0",
+                       "--set", "perf.rss_growth_pct=50")
+    r = results(rep)["baseline: peak RSS"]
+    assert rc == 0 and r["status"] == "pass" and r["properties"]["rss_limit_mb"] > r["properties"]["golden_peak_rss_mb"]
+
+
 # ------------------------------------------------------------------ golden update
 
 def test_golden_update_with_timing_on_a_busy_machine_warns_and_records_it(tmp_path, tiny_model, built_engine,

@@ -105,6 +105,7 @@ class Pager:
         self.io_bytes = 0       # bytes those reads moved, aligned windows included
         self.pin_bytes = 0
         self.io_wait_s = 0.0
+        self.ram_need_bytes = 0  # what the budget check counted (check_budget)
         self.profile: Counter[Key] = Counter()
         self.trace: list[tuple[int, list[int]]] | None = None   # set to [] to record lookups
         self.read_log: list[tuple[str, Key]] | None = None      # set to [] to record reads
@@ -120,11 +121,13 @@ class Pager:
         return max(self.plan.need) * (max(self.plan.class_sizes) + ALIGN)
 
     def check_budget(self, kv_bytes: int) -> None:
-        """Refuse (ModelError) unless everything fits in --ram-budget-mb; then load the pins."""
+        """Refuse (ModelError) unless everything fits in --ram-budget-mb; then load the pins.
+        The need is reported (ram_need_mb) whether or not a budget was given."""
+        parts = budget.breakdown(self.gm, self.plan.total_bytes, kv_bytes, self.batch, self.n_ctx,
+                                 self._transient_bytes())
+        self.ram_need_bytes = sum(parts.values())
         if self.cfg.ram_budget_mb is not None:
-            budget.check(self.cfg.ram_budget_mb,
-                         budget.breakdown(self.gm, self.plan.total_bytes, kv_bytes, self.batch, self.n_ctx,
-                                          self._transient_bytes()))
+            budget.check(self.cfg.ram_budget_mb, parts)
         self._start()
 
     def _start(self) -> None:
@@ -295,6 +298,7 @@ class Pager:
         c["n_slots_small"] = self.plan.n_class("small")
         c["n_slots_large"] = self.plan.n_class("large")
         c["arena_mb"] = round(self.plan.total_bytes / MiB, 3)
+        c["ram_need_mb"] = round(self.ram_need_bytes / MiB, 1)
         return c
 
     def profile_text(self) -> str:

@@ -37,6 +37,8 @@ def add_perf_args(c: argparse.ArgumentParser) -> None:
     c.add_argument("--no-timing", action="store_true",
                    help="skip every tok/s comparison (counters, fingerprints and RSS are still compared)")
     c.add_argument("--no-perf", action="store_true", help="do not run the perf suite")
+    c.add_argument("--allow-missing-baseline", action="store_true",
+                   help="no golden baseline for the profile and model is a skip, also in CI (perf.missing_baseline)")
     c.add_argument("--perf-base", metavar="REF",
                    help="also measure the engine of git REF against this one, interleaved (ABBA pairs)")
 
@@ -54,6 +56,8 @@ def config_from_args(a: argparse.Namespace) -> CheckConfig:
         flags["fast"] = True
     if getattr(a, "no_timing", False):
         flags["perf.timing"] = False
+    if getattr(a, "allow_missing_baseline", False):
+        flags["perf.missing_baseline"] = "skip"
     if getattr(a, "suites", None):
         flags["suites"] = [x.strip() for x in a.suites.split(",") if x.strip()]
     if getattr(a, "layers", None):

@@ -11,7 +11,7 @@ from ..compare.arrays import Tolerance
 from ..compare.logits import MODES
 
 CONFIG_NAME = "epmci.yaml"
-SUITE_NAMES = ("kernel", "layer", "prefetch-stress", "determinism", "e2e", "model", "switches", "perf")
+SUITE_NAMES = ("kernel", "layer", "prefetch-stress", "determinism", "e2e", "model", "switches", "budget", "perf")
 COMPARE_MODES = MODES
 LAYOUTS = ("mixed", "uniform")
 INCONCLUSIVE = ("skip", "pass", "fail")
@@ -133,6 +133,9 @@ class PerfConfig:
     base_n_predict: int = 64         # --perf-base runs: longer decode, steadier tok/s (docs/perf-gate.md)
     paired_test: str = "wilcoxon"    # --perf-base p-value: wilcoxon (signed-rank) | sign
     golden_rows: int = 8             # logits rows per prompt kept in the golden side file
+    missing_baseline: str = "auto"   # no golden for the profile and model: auto (fail in CI, else skip) | fail | skip
+    rss_growth_pct: float = 10.0     # peak RSS may exceed golden's by the larger of this share ...
+    rss_growth_mb: float = 16.0      # ... and this many MiB
 
 
 @dataclass

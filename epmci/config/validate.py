@@ -122,6 +122,10 @@ def validate_perf(p: PerfConfig, where: str) -> None:
         raise InputError(where, f"perf.min_effect must be in [0, 1), got {p.min_effect}")
     if p.paired_test not in ("wilcoxon", "sign"):
         raise InputError(where, f"perf.paired_test must be wilcoxon or sign, got {p.paired_test!r}")
+    if p.missing_baseline not in ("auto", "fail", "skip"):
+        raise InputError(where, f"perf.missing_baseline must be auto, fail or skip, got {p.missing_baseline!r}")
+    if not (p.rss_growth_pct >= 0 and p.rss_growth_mb >= 0):
+        raise InputError(where, "perf.rss_growth_pct and perf.rss_growth_mb must be >= 0")
     if p.inconclusive not in INCONCLUSIVE:
         raise InputError(where, f"perf.inconclusive must be one of {', '.join(INCONCLUSIVE)}, "
                                 f"got {p.inconclusive!r}")

@@ -20,8 +20,10 @@ SELFTEST_MAGIC = b"EPMS"
 VERSION = 1
 SLOT_ERROR_PREFIX = "[epm] SLOT-ERROR"
 # Stats fields that are timings or measurements of the process and machine (io_direct_pct
-# depends on whether the file system takes O_DIRECT); every other field is an exact counter.
-STATS_TIMING_FIELDS = frozenset({"seconds", "tok_s", "io_wait_s", "io_direct_pct", "peak_rss_mb", "vm_swap_mb"})
+# depends on whether the file system takes O_DIRECT, ram_need_mb on the process's RSS); every
+# other field is an exact counter.
+STATS_MEASURED_FIELDS = frozenset({"seconds", "tok_s", "io_wait_s", "io_direct_pct", "ram_need_mb",
+                                   "peak_rss_mb", "vm_swap_mb"})
 
 
 class ContractError(Exception):
@@ -201,7 +203,7 @@ def read_stats(path: str | os.PathLike) -> list[dict]:
 def counters_of(records: list[dict]) -> dict[str, dict]:
     """{phase: {field: value}} of every exact counter (timings left out): the one
     representation of counters that epmci.compare.counters diffs."""
-    return {r["phase"]: {k: v for k, v in r.items() if k != "phase" and k not in STATS_TIMING_FIELDS}
+    return {r["phase"]: {k: v for k, v in r.items() if k != "phase" and k not in STATS_MEASURED_FIELDS}
             for r in records}
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from ..check.result import ERROR, FAIL, PASS, SKIP
+from collections import Counter
+
+from ..check.result import ERROR, FAIL, PASS, SKIP, CheckReport
 
 STATUS_LABEL = {PASS: "PASS", FAIL: "FAIL", SKIP: "SKIP", ERROR: "ERROR"}
 STATUS_ICON = {PASS: "✅", FAIL: "❌", SKIP: "⏭️", ERROR: "💥"}
@@ -18,3 +20,16 @@ def fmt_value(v) -> str:
     if isinstance(v, (list, tuple)):
         return "[" + ", ".join(fmt_value(x) for x in v) + "]"
     return str(v)
+
+
+def skipped_summary(report: CheckReport, reasons: int = 3) -> str | None:
+    """How many checks were skipped and why (the commonest reasons first): said at the top
+    of a summary, because a skipped comparison is one the gate did not make."""
+    skipped = [r for r in report.results if r.status == SKIP]
+    if not skipped:
+        return None
+    why = Counter(r.message for r in skipped).most_common()
+    parts = [f"{n} x {m if len(m) <= 160 else m[:157] + '...'}" for m, n in why[:reasons]]
+    if len(why) > reasons:
+        parts.append(f"{len(why) - reasons} other reason(s)")
+    return f"{len(skipped)} check(s) skipped, not compared: " + "; ".join(parts)

@@ -29,6 +29,7 @@ records one.
 from __future__ import annotations
 
 import dataclasses
+import os
 import statistics
 import time
 
@@ -62,6 +63,20 @@ def result_names(ctx: CheckContext, scen: str) -> list[str]:
 
 
 INCONCLUSIVE_STATUS = {"skip": SKIP, "pass": PASS, "fail": FAIL}
+CI_VARIABLES = ("CI", "GITHUB_ACTIONS")
+
+
+def in_ci(env=None) -> bool:
+    env = os.environ if env is None else env
+    return any(env.get(v, "").strip().lower() not in ("", "0", "false") for v in CI_VARIABLES)
+
+
+def missing_baseline_status(cfg) -> str:
+    """No golden baseline to compare with: a failure in CI (a pull request that changes the
+    model identity must not switch the drift gate off), a visible skip elsewhere;
+    perf.missing_baseline fail | skip says so explicitly."""
+    rule = cfg.perf.missing_baseline
+    return FAIL if rule == "fail" or (rule == "auto" and in_ci()) else SKIP
 
 
 def comparison_props(c: Comparison) -> dict:
@@ -98,15 +113,19 @@ class PerfSuite:
     # -------------------------------------------------------------- golden side
 
     def _golden_scenario(self, plan: PerfPlan, scen: str) -> tuple[dict | None, str | None]:
-        """(golden scenario, None) or (None, why the comparison is skipped)."""
+        """(golden scenario, None) or (None, why there is nothing to compare with)."""
         if plan.golden is None:
-            return None, (f"no golden baseline for profile {plan.profile!r} and model {plan.model_id['id']} "
-                          f"({plan.golden_file} does not exist): record one with `{plan.record_hint()}`")
-        g = plan.golden.scenario(scen)
-        if g is None:
-            return None, (f"golden {plan.golden_file.name} has no scenario {scen!r}: record it with "
-                          f"`{plan.record_hint()}`")
-        return g, None
+            why = (f"no golden baseline for profile {plan.profile!r} and model {plan.model_id['id']} "
+                   f"({plan.golden_file} does not exist): record one with `{plan.record_hint()}`")
+        elif plan.golden.scenario(scen) is None:
+            why = f"golden {plan.golden_file.name} has no scenario {scen!r}: record it with `{plan.record_hint()}`"
+        else:
+            return plan.golden.scenario(scen), None
+        if missing_baseline_status(plan.cfg) == FAIL:
+            why += (" -- a failure " + ("in CI (CI or GITHUB_ACTIONS is set)" if plan.cfg.perf.missing_baseline == "auto"
+                                        else "(perf.missing_baseline: fail)")
+                    + "; --allow-missing-baseline makes it a skip")
+        return None, why
 
     def _settings_problem(self, plan: PerfPlan, scen: str, keys) -> str | None:
         gs = plan.golden.settings
@@ -184,7 +203,7 @@ class PerfSuite:
             return CheckResult(NAME, name, FAIL, f"counters or logits not reproducible: timed run(s) {unstable} of "
                                                  f"prompt 1 differ from its first run", props)
         if g is None:
-            return CheckResult(NAME, name, SKIP, why, props)
+            return CheckResult(NAME, name, missing_baseline_status(plan.cfg), why, props)
         prob = self._settings_problem(plan, scen, COUNTER_SETTINGS)
         if prob:
             return CheckResult(NAME, name, FAIL, prob, props)
@@ -220,7 +239,7 @@ class PerfSuite:
         props = {"prompt_tokens": m.prompt_tokens, "generated": len(m.first_tokens), "logits_rows": m.logits_rows,
                  "logits_sha256": m.logits_sha256}
         if g is None:
-            return CheckResult(NAME, name, SKIP, why, props)
+            return CheckResult(NAME, name, missing_baseline_status(plan.cfg), why, props)
         prob = self._settings_problem(plan, scen, COUNTER_SETTINGS)
         if prob:
             return CheckResult(NAME, name, FAIL, prob, props)
@@ -304,17 +323,28 @@ class PerfSuite:
                            f"inconclusive after {comp.n_current} runs (the cap): {what}", props)
 
     def rss(self, ctx, plan, name, g, runs: list[Measurement]) -> CheckResult:
-        budget = ctx.cfg.perf.ram_budget_mb
+        """Peak RSS under the budget every run was started with, and no more than the
+        golden's plus the allowed growth (perf.rss_growth_pct or perf.rss_growth_mb, whichever
+        is larger): memory is the resource of the small box, and an engine that doubles its
+        memory is still far under a generous budget."""
+        pc = ctx.cfg.perf
         peak = max(m.peak_rss_mb for m in runs)
         swap = max(m.vm_swap_mb for m in runs)
-        props = {"peak_rss_mb": peak, "budget_mb": budget, "vm_swap_mb": swap, "runs": len(runs)}
-        gtxt = ""
+        props = {"peak_rss_mb": peak, "budget_mb": pc.ram_budget_mb, "vm_swap_mb": swap, "runs": len(runs)}
+        problems, gtxt = [], ", no golden to compare growth with"
+        if peak > pc.ram_budget_mb:
+            problems.append(f"peak RSS {peak:.1f} MiB over the budget {pc.ram_budget_mb:g} MiB")
         if g is not None:
-            props["golden_peak_rss_mb"] = g["peak_rss_mb"]
-            gtxt = f", golden {g['peak_rss_mb']:.1f} MiB"
-        if peak > budget:
-            return CheckResult(NAME, name, FAIL, f"peak RSS {peak:.1f} MiB over the budget {budget:g} MiB{gtxt}", props)
-        return CheckResult(NAME, name, PASS, f"peak RSS {peak:.1f} MiB <= budget {budget:g} MiB{gtxt}, "
+            gold = float(g["peak_rss_mb"])
+            limit = round(gold + max(gold * pc.rss_growth_pct / 100, pc.rss_growth_mb), 1)
+            props.update(golden_peak_rss_mb=gold, rss_limit_mb=limit)
+            gtxt = f", golden {gold:.1f} MiB (limit {limit:.1f} = +max({pc.rss_growth_pct:g} %, {pc.rss_growth_mb:g} MiB))"
+            if peak > limit:
+                problems.append(f"peak RSS {peak:.1f} MiB grew past golden {gold:.1f} MiB + max("
+                                f"{pc.rss_growth_pct:g} %, {pc.rss_growth_mb:g} MiB) = {limit:.1f} MiB")
+        if problems:
+            return CheckResult(NAME, name, FAIL, "; ".join(problems) + f" (budget {pc.ram_budget_mb:g} MiB{gtxt})", props)
+        return CheckResult(NAME, name, PASS, f"peak RSS {peak:.1f} MiB <= budget {pc.ram_budget_mb:g} MiB{gtxt}, "
                                              f"VmSwap {swap:.1f} MiB", props)
 
     # -------------------------------------------------------------- --perf-base

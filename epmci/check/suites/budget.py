@@ -1,0 +1,101 @@
+"""Layer 8, budget: the RAM budget promise itself (docs/engine-contract.md, Paging: Budget).
+A paged run reports what it needs (`ram_need_mb`); started with a budget below that, the
+engine must refuse -- exit 2, one line naming the budget; started with a budget just above
+it, it must run and its peak RSS must stay under the budget.
+
+Catches an engine that ignores --ram-budget-mb (it runs anyway), one whose estimate leaves
+something out (its peak RSS passes a budget it accepted), and a refusal that is not the
+contract's one line. Memory growth under a generous budget is the perf suite's RSS check
+against golden.
+"""
+
+from __future__ import annotations
+
+from ...contract.outputs import ContractError, read_stats
+from ...contract.runspec import STATS_FILE
+from ..context import CheckContext
+from ..result import FAIL, PASS, CheckResult
+from .base import Task, run_failed
+
+NAME = "budget"
+RESULTS = ("refuses a budget below its need", "runs within a budget just above its need")
+BELOW = 0.9                       # the refused budget: this share of the need
+ABOVE_PCT, ABOVE_MB = 0.02, 4.0   # the accepted budget: the need plus the larger of these
+
+
+def above(need_mb: float) -> float:
+    return round(need_mb + max(ABOVE_PCT * need_mb, ABOVE_MB), 1)
+
+
+class BudgetSuite:
+    name = NAME
+    title = "budget: a budget below the need is refused, one just above it is kept"
+    description = __doc__
+
+    def plan(self, ctx: CheckContext) -> list[Task | CheckResult]:
+        return [Task(NAME, "budget", lambda: self.check(ctx), names=list(RESULTS), cost=2.0)]
+
+    def _run(self, ctx: CheckContext, label: str, budget_mb: float | None):
+        spec = ctx.spec(ctx.cfg.prompts.determinism, n_predict=2)
+        spec.ram_budget_mb = budget_mb
+        out = ctx.dir(f"budget-{label}")
+        return ctx.run(f"budget {label}", spec, out), out
+
+    def check(self, ctx: CheckContext) -> list[CheckResult]:
+        probe, out = self._run(ctx, "need", None)
+        if not probe.ok:
+            return run_failed(NAME, list(RESULTS), probe, "run without a budget: ")
+        try:
+            need = max(float(r.get("ram_need_mb", 0) or 0) for r in read_stats(out / STATS_FILE))
+        except ContractError as e:
+            return [CheckResult(NAME, n, FAIL, f"output unusable: {e}") for n in RESULTS]
+        if need <= 0:
+            return [CheckResult(NAME, n, FAIL, "the stats report no ram_need_mb (docs/engine-contract.md, Stats): "
+                                               "the budget promise cannot be checked") for n in RESULTS]
+        return [self.below(ctx, need), self.just_above(ctx, need)]
+
+    def below(self, ctx: CheckContext, need: float) -> CheckResult:
+        budget = round(BELOW * need, 1)
+        run, _ = self._run(ctx, "below", budget)
+        props = {"need_mb": need, "budget_mb": budget, "returncode": run.returncode}
+        lines = [l for l in run.stderr.splitlines() if l.strip()]
+        flag = f"--ram-budget-mb {budget:g}"
+
+        def result(status, msg):
+            return CheckResult(NAME, RESULTS[0], status, msg, props, run.seconds, run.stderr_tail(),
+                               f"command: {run.command_line()}")
+
+        if run.timed_out or run.launch_error:
+            return result(FAIL, run.failure())
+        if run.returncode == 0:
+            return result(FAIL, f"the engine ran with {flag} MiB although it needs {need} MiB: it ignores the budget")
+        if run.returncode != 2:
+            return result(FAIL, f"with {flag} (below the need of {need} MiB) the engine must exit 2, "
+                                f"not {run.failure()}")
+        named = [l for l in lines if flag in l]
+        if len(lines) != 1 or not named:
+            return result(FAIL, f"the refusal must be one line on stderr naming {flag!r}; got {len(lines)} "
+                                f"line(s): {(lines[-1] if lines else '')[:200]!r}")
+        return result(PASS, f"{flag} refused (need {need} MiB): {lines[0][:200]}")
+
+    def just_above(self, ctx: CheckContext, need: float) -> CheckResult:
+        budget = above(need)
+        run, out = self._run(ctx, "above", budget)
+        if not run.ok:
+            return run_failed(NAME, [RESULTS[1]], run, f"with --ram-budget-mb {budget:g} (need {need} MiB): ")[0]
+        props = {"need_mb": need, "budget_mb": budget}
+        try:
+            peak = max(float(r.get("peak_rss_mb", 0) or 0) for r in read_stats(out / STATS_FILE))
+        except ContractError as e:
+            return CheckResult(NAME, RESULTS[1], FAIL, f"output unusable: {e}", props, run.seconds)
+        props["peak_rss_mb"] = peak
+        status = PASS if 0 < peak <= budget else FAIL
+        what = (f"peak RSS {peak:.1f} MiB {'<=' if status == PASS else 'over'} the budget {budget:g} MiB "
+                f"(need {need} MiB)")
+        if peak <= 0:
+            what = "the stats report no peak_rss_mb"
+        return CheckResult(NAME, RESULTS[1], status, what, props, run.seconds, run.stderr_tail(),
+                           f"command: {run.command_line()}")
+
+
+SUITE = BudgetSuite()
