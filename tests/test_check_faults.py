@@ -225,9 +225,10 @@ def test_missing_dump_and_slot_error_fail(tmp_path, tiny_model):
 
 
 def test_engine_refusing_the_arena_is_reported(tmp_path, tiny_model):
-    """An arena the engine refuses (exit 2) fails the check with the engine's message."""
+    """An arena the engine refuses (exit 2) in every run is a setting that cannot work: the
+    check fails with the engine's message, and epmci exits 2 (could not run), not 1."""
     rc, rep = run_check(tmp_path, tiny_model, None, "--no-build", "--suites", "kernel",
                         "--set", "kernel.pairs=[[0, 0]]", "--arena-mb", "0.01")
-    assert rc == 1
+    assert rc == 2 and "the engine refused every run (exit 2)" in rep["tool_error"] and "minimum" in rep["tool_error"]
     (r,) = results(rep, "kernel")
-    assert "engine refused to run (exit 2)" in r["message"] and "minimum" in r["message"]
+    assert r["status"] == "fail" and "engine refused to run (exit 2)" in r["message"] and "minimum" in r["message"]

@@ -335,14 +335,9 @@ def test_golden_commands_answer_a_corrupt_golden_in_one_line(tmp_path, capsys):
     assert not bad, "corrupt golden files not answered with one line and exit 2:\n" + "\n".join(bad)
 
 
-LEAD_18 = ("lead (#18, epmci check/build/golden): enable once the case is answered with one line and "
-           "exit 2; today it is not (see the edges report)")
-
-
-@pytest.mark.skip(reason=LEAD_18)
 def test_golden_cut_short_is_refused(tmp_path, capsys):
     """A golden file cut anywhere is refused, not read as a golden with fewer counters (today
-    a cut inside the last prompt's decode counters is accepted: show exits 0, diff 1)."""
+    every prompt's counters must have the phases and fields of the first)."""
     src = ROOT / "golden" / "epm-8gb" / "ci-seed0-gen2.yaml"
     side = next(src.parent.glob("ci-seed0-gen2.*.logits"))
     shutil.copy(side, tmp_path / side.name)
@@ -354,12 +349,10 @@ def test_golden_cut_short_is_refused(tmp_path, capsys):
             assert _one_line_error(rc, err, "epmci: error: ", y) is None, (vid, rc, err)
 
 
-@pytest.mark.skip(reason=LEAD_18)
 @pytest.mark.parametrize("command", [["check", "-q", "--no-build"], ["build"]], ids=lambda c: c[0])
 def test_epmci_answers_a_model_only_the_engine_refuses_in_one_line(command, variants, tiny_bytes, tmp_path, capsys):
     """A model epmci can read but the engine cannot run (a Q4_0 tensor: the engine answers
-    exit 2 in one line) is the tool not being able to run: exit 2, that one line. Today check
-    exits 1 with every check failed, build exits 2 with the engine's line and more."""
+    exit 2 in one line) is the tool not being able to run: exit 2, that one line."""
     path = variants["tensor-type-unsupported"].write(tiny_bytes, tmp_path / "q4_0.gguf")
     argv = [*command, "--model", str(path)]
     if command[0] == "check":

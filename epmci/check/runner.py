@@ -28,7 +28,7 @@ from ..perf.machine import cpu_count
 from ..synth.presets import PRESETS
 from ..synth.store import cached_model_path, resolve_model
 from .context import CheckContext, auto_arena_mb
-from .result import ERROR, PASS, CheckReport, CheckResult, SuiteInfo
+from .result import ERROR, FAIL, PASS, SKIP, CheckReport, CheckResult, SuiteInfo
 from .suites import SUITES
 from .suites.base import Task
 
@@ -113,12 +113,30 @@ def run_check(cfg: CheckConfig, progress: Progress | None = None, *, build: bool
             emit(r)
         say(f"{len(tasks)} tasks ({n_results - len(ready) - (1 if build else 0)} checks) on {jobs} worker(s)")
         _execute(tasks, jobs, emit)
+        refusal = engine_refuses_everything(report.results)
+        if refusal:
+            report.tool_error = f"the engine refused every run (exit 2): {refusal}"
         return done()
     finally:
         if keep_work or not report.passed:
             report.meta["workdir_kept"] = True
         else:
             shutil.rmtree(wd, ignore_errors=True)
+
+
+REFUSED = "engine refused to run (exit 2): "
+
+
+def engine_refuses_everything(results: list[CheckResult]) -> str | None:
+    """The engine's one refusal line when every check failed on that same refusal: a model or
+    a setting the engine cannot use is the tool not being able to run (exit 2), not a verdict
+    on the engine. None otherwise."""
+    lines = {r.message.split(REFUSED, 1)[1] for r in results if r.status == FAIL and REFUSED in r.message}
+    failed = [r for r in results if r.status not in (PASS, SKIP)]
+    if len(lines) == 1 and failed and all(REFUSED in r.message for r in failed) and \
+            not any(r.status == PASS for r in results if r.suite != "build"):
+        return lines.pop()
+    return None
 
 
 def _plan(ctx: CheckContext, cfg: CheckConfig) -> tuple[list[SuiteInfo], list[CheckResult], list[tuple[int, Task]]]:

@@ -29,7 +29,7 @@ def run(a: argparse.Namespace) -> int:
     r = build_for_check(cfg, engine, model, facts)
     if not r.ok:
         print(f"epmci: error: engine build failed: {r.message}", file=sys.stderr)
-        if r.stderr_tail:
+        if r.stderr_tail and not r.refused:        # a refusal is its one line; a compiler's tail helps
             print(r.stderr_tail, file=sys.stderr)
         return 2
     print(f"epmci build: {r.message}")

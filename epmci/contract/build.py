@@ -32,6 +32,7 @@ class BuildResult:
     seconds: float = 0.0
     stderr_tail: str = ""
     details: str = ""
+    refused: bool = False      # the engine refused to run (exit 2, its one line is in message)
 
 
 def selftest_layers(model_path: str | Path) -> list[int]:
@@ -76,7 +77,8 @@ def build_engine(engine: EngineCommand, model_path: str | Path, arena_mb: float,
     last = [l for l in run.stderr.strip().splitlines() if l.strip()]
     if last:
         why += f": {last[-1].strip()[:300]}"
-    return BuildResult(False, name, why, props, secs, run.stderr_tail(), f"command: {run.command_line()}")
+    return BuildResult(False, name, why, props, secs, run.stderr_tail(), f"command: {run.command_line()}",
+                       refused=run.returncode == 2)
 
 
 def _warm_up(engine: EngineCommand, model: str, workdir: str, arena_mb: float,

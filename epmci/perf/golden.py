@@ -221,6 +221,12 @@ def load(path: str | os.PathLike) -> Golden:
             for phase, cs in e["counters"].items():
                 if not isinstance(cs, dict) or not all(isinstance(v, NUM) for v in cs.values()):
                     raise InputError(p, f"{c}counters.{phase}: expected a mapping of numbers")
+            # one engine recorded every prompt: the same phases and fields each time (a file cut
+            # short inside a prompt's counters still parses, with fewer)
+            shape = {ph: sorted(cs) for ph, cs in e["counters"].items()}
+            first = {ph: sorted(cs) for ph, cs in plist[0]["counters"].items()}
+            if shape != first:
+                raise InputError(p, f"{c}counters: phases or fields differ from prompts[0]'s (cut short or edited?)")
     lg = _need(d, "logits", dict, p, "")
     name = _need(lg, "file", str, p, "logits.")
     sha = _need(lg, "sha256", str, p, "logits.")
