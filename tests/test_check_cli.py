@@ -54,7 +54,8 @@ def test_fast_check_passes_on_the_tiny_model(tmp_path, tiny_model, monkeypatch, 
     assert rep["verdict"] == "PASS"
     names = by_name(rep)
     suites = {s for s, _ in names}
-    assert suites == {"build", "kernel", "layer", "prefetch-stress", "determinism", "e2e", "perf"}
+    assert suites == {"build", "kernel", "layer", "prefetch-stress", "determinism", "e2e", "model", "switches",
+                      "budget", "perf"}
     assert names[("build", "bundled engine (numba kernels)")]["status"] == "pass"
     # every expert quant mix and size of the tiny model (Q5_K and Q6_K down), both ends
     assert {n for s, n in names if s == "kernel"} == {"L0 E0", "L0 E7", "L1 E0", "L1 E7", "L3 E0", "L3 E7"}

@@ -28,7 +28,7 @@ from engine.paging.config import PagerConfig
 from engine.paging.pager import Pager
 from engine.runtime import Engine, Options
 from engine.selftest import run_selftest
-from epmci.contract.outputs import read_selftest
+from epmci.contract.outputs import STATS_FIELDS, STATS_MEASURED_FIELDS, read_selftest
 from epmci.gguf.file import ModelFile
 from epmci.synth.store import make_model
 from epmci.reference.moe import expert_forward
@@ -37,11 +37,7 @@ PROMPT = "Experts are paged from disk into a small arena."
 N_PREDICT = 8
 BATCH = 8
 N_CTX = 64
-TIMING = ("seconds", "tok_s", "io_wait_s", "io_direct_pct", "peak_rss_mb", "vm_swap_mb")
-STATS_FIELDS = ("phase", "tokens", "seconds", "tok_s", "hit_rate", "hits", "misses", "evictions",
-                "ssd_bytes", "ssd_bytes_per_token", "io_bytes", "n_slots", "n_slots_small", "n_slots_large",
-                "prefetch_issued", "prefetch_used", "prefetch_used_rate", "io_wait_s", "io_direct_pct",
-                "arena_mb", "peak_rss_mb", "vm_swap_mb")
+TIMING = tuple(STATS_MEASURED_FIELDS)
 
 
 @pytest.fixture(scope="module")
@@ -216,7 +212,8 @@ def test_counters_identical_across_runs_threads_and_io(ci, sizes):
                                      "SDQ_FADV_DONTNEED": "1"}, threads=2)
     assert a.exact() == b.exact() == c.exact()
     for other in (b, c):
-        assert a.per_token == [dict(x, io_wait_s=y["io_wait_s"]) for x, y in zip(other.per_token, a.per_token)]
+        assert a.per_token == [dict(x, io_wait_s=y["io_wait_s"], ram_need_mb=y["ram_need_mb"])   # measurements
+                               for x, y in zip(other.per_token, a.per_token)]
     assert a.logits.tobytes() == c.logits.tobytes()
 
 

@@ -22,6 +22,11 @@ SLOT_ERROR_PREFIX = "[epm] SLOT-ERROR"
 # Stats fields that are timings or measurements of the process and machine (io_direct_pct
 # depends on whether the file system takes O_DIRECT, ram_need_mb on the process's RSS); every
 # other field is an exact counter.
+# Every field of a stats record, in the contract's order (docs/engine-contract.md, Stats).
+STATS_FIELDS = ("phase", "tokens", "seconds", "tok_s", "hit_rate", "hits", "misses", "evictions",
+                "ssd_bytes", "ssd_bytes_per_token", "io_bytes", "n_slots", "n_slots_small", "n_slots_large",
+                "prefetch_issued", "prefetch_used", "prefetch_used_rate", "io_wait_s", "io_direct_pct",
+                "arena_mb", "ram_need_mb", "peak_rss_mb", "vm_swap_mb")
 STATS_MEASURED_FIELDS = frozenset({"seconds", "tok_s", "io_wait_s", "io_direct_pct", "ram_need_mb",
                                    "peak_rss_mb", "vm_swap_mb"})
 
