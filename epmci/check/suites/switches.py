@@ -1,5 +1,6 @@
-"""Layer 7, switches: one paged run per data-path switch of docs/engine-contract.md (RUNS
-below; tests/test_switches.py fails when the contract documents a switch no run sets), each
+"""Layer 7, switches: paged runs that together set every data-path switch of
+docs/engine-contract.md (RUNS below, switches that do not interfere grouped into one run;
+tests/test_switches.py fails when the contract documents a switch no run sets), each
 on a short prompt in an arena a few slots above the minimum, so experts are evicted on
 every token. Every run is checked three ways:
 
@@ -57,15 +58,13 @@ RUNS = [
     SwitchRun("default", {}, expect="prefetch"),
     SwitchRun("serial reads, one reader, fadvise",
               {"SDQ_IO_PARALLEL": "0", "SDQ_IO_THREADS": "1", "SDQ_FADV_DONTNEED": "1"}, expect="like-default"),
-    SwitchRun("admit=2", {"SDQ_ADMIT_MIN_HITS": "2", "SDQ_PREFETCH": "0"}, expect="simulated"),
-    SwitchRun("admit=3, exact reads, SDQ_ARENA_MB",
-              {"SDQ_ADMIT_MIN_HITS": "3", "SDQ_DIRECT_IO": "0", "SDQ_ARENA_MB": ARENA}, prefetch=False,
-              expect="simulated"),
+    SwitchRun("admit=2, -b 1", {"SDQ_ADMIT_MIN_HITS": "2"}, batch=1, prefetch=False, expect="simulated"),
+    SwitchRun("admit=3, -b 3, exact reads, SDQ_ARENA_MB",
+              {"SDQ_ADMIT_MIN_HITS": "3", "SDQ_DIRECT_IO": "0", "SDQ_ARENA_MB": ARENA, "SDQ_PREFETCH": "0"},
+              batch=3, expect="simulated"),
     SwitchRun("hot pins, uniform slots",
               {"SDQ_HOT_PIN": HOT_PIN, "SDQ_PROFILE_IN": PROFILE, "SDQ_FORCE_UNIFORM_SLOT": "1",
                "SDQ_PREFETCH": "0"}, expect="simulated"),
-    SwitchRun("-b 1", batch=1, prefetch=False, expect="simulated"),
-    SwitchRun("-b 3", {"SDQ_PREFETCH": "0"}, batch=3, expect="simulated"),
     SwitchRun("layer-ahead 0, queue 2, stale 0",
               {"SDQ_PREFETCH_LAYER_AHEAD": "0", "SDQ_PREFETCH_QUEUE": "2", "SDQ_PREFETCH_STALE_TOKENS": "0"},
               batch=3),
