@@ -15,7 +15,7 @@ import numpy as np
 
 from ..fsutil import atomic_write
 from ..gguf.file import ModelFile
-from ..reference.model import ReferenceModel
+from ..reference import reference_model
 from ..synth.store import cache_dir
 
 REFERENCE_SOURCES = Path(__file__).resolve().parent.parent / "reference"
@@ -46,7 +46,7 @@ def whole_model(mf: ModelFile, model_sha256: str, tokens: np.ndarray) -> WholeMo
                 return WholeModel(z["logits"], z["moe_in"])
         except (OSError, ValueError, KeyError):
             pass                                   # unreadable: recompute and replace it
-    f = ReferenceModel(mf).forward(tokens)
+    f = reference_model(mf).forward(tokens)
     out = WholeModel(f.logits, np.stack(f.moe_in))
     buf = io.BytesIO()
     np.savez(buf, logits=out.logits, moe_in=out.moe_in)
