@@ -1,59 +1,177 @@
 #!/usr/bin/env python3
-"""Decode tok/s of the bundled engine on the ci model: median of N runs at -t 1 and -t 2.
+"""The engine beside llama.cpp in one interleaved run: resident decode and prefill at -t 1
+and -t 2, and the paged engine in a memory cap of 1/3 of the file.
 
-Each run is a fresh engine process (numba cache warm); tok/s comes from the engine's
-stats JSONL (decode phase). The ratio column is against -t 1 measured in the same run.
-Usage: python bench/decode.py [--repeat 5] [--n-predict 32] [--model PATH] [--pager]
+    python bench/decode.py [--model PATH | --preset bench] [--repeat 3] [--n-predict 32]
+                           [--prompt-repeat 4] [--no-paged] [--no-llama] [--out results/decode.json]
+
+Every setting is a fresh process; one round runs each setting once, `--repeat` rounds
+(after a warm-up round that is not counted), so a load change on the shared machine falls
+on all settings alike. Figures are medians; ratios are of medians measured in the same run.
+
+* engine -t N: `python -m engine --no-pager` (experts read from the mapped file, page cache
+  warm), prefill and decode tok/s from its stats file.
+* llama.cpp -t N: llama-cpp-python (mmap, same file, same prompt, greedy), when installed.
+* paged engine -t 2, cap 1/3: the engine with its pager inside a cgroup-v1 memory limit of
+  a third of the file (the limit counts the page cache; the model's pages are dropped
+  before each run), arena 55 % of the cap, --ram-budget-mb the cap (bench/headline.py's
+  setup). Needs root and /sys/fs/cgroup/memory; otherwise the row says why it is missing.
+
+The prompt is bench/headline.py's, `--prompt-repeat` times (prefill needs more than a
+handful of tokens to measure), without the chat template.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from epmci.synth.store import make_model
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from headline import (CGROUP_ROOT, LLAMA_SCRIPT, PROMPT, REPO, MemoryCap, drop_page_cache, run_capped,  # noqa: E402
+                      write_json)
 
-PROMPT = "Write a short paragraph about how mixture-of-experts models route tokens."
+MiB = 1 << 20
 
 
-def decode_tok_s(model: str, threads: int, n_predict: int, pager: bool) -> float:
+def die(msg: str) -> None:
+    print(f"decode.py: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def engine_run(model: str, prompt: str, threads: int, a, cap: MemoryCap | None = None) -> dict:
     with tempfile.TemporaryDirectory() as td:
         stats = Path(td) / "stats.jsonl"
-        cmd = [sys.executable, "-m", "engine", "-m", model, "-p", PROMPT, "-n", str(n_predict),
+        cmd = [sys.executable, "-m", "engine", "-m", model, "-p", prompt, "-n", str(a.n_predict),
                "-t", str(threads), "--no-chat", "--stats-file", str(stats)]
-        if not pager:
+        if cap is None:
             cmd.append("--no-pager")
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+            try:
+                r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, cwd=REPO)
+            except subprocess.TimeoutExpired:
+                return {"error": f"timeout after {a.timeout}s"}
+        else:
+            arena_mb = int(cap.limit * 0.55 / MiB)
+            cmd += ["-b", "8", "--arena-mb", str(arena_mb), "--ram-budget-mb", str(cap.limit // MiB)]
+            drop_page_cache(model)
+            r = run_capped(cap, cmd, a.timeout)
         if r.returncode != 0:
-            sys.exit(f"engine failed ({r.returncode}): {r.stderr.strip()[-500:]}")
-        recs = {json.loads(l)["phase"]: json.loads(l) for l in stats.read_text().splitlines()}
-        return recs["decode"]["tok_s"]
+            return {"error": f"exit {r.returncode}: {r.stderr.strip()[-300:]}"}
+        recs = {json.loads(line)["phase"]: json.loads(line) for line in stats.read_text().splitlines()}
+        return {"prefill_tok_s": recs["prefill"]["tok_s"], "decode_tok_s": recs["decode"]["tok_s"],
+                "prompt_tokens": recs["prefill"]["tokens"], "decode_tokens": recs["decode"]["tokens"]}
+
+
+def llama_run(model: str, prompt: str, threads: int, a) -> dict:
+    try:
+        r = subprocess.run([sys.executable, "-c", LLAMA_SCRIPT, model, prompt, str(a.n_predict), str(threads)],
+                           capture_output=True, text=True, timeout=a.timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timeout after {a.timeout}s"}
+    if r.returncode != 0:
+        return {"error": f"exit {r.returncode}: {r.stderr.strip()[-300:]}"}
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    return {"prefill_tok_s": out["prompt_tokens"] / out["prefill_s"], "decode_tok_s": out["decode_tok_s"],
+            "prompt_tokens": out["prompt_tokens"]}
+
+
+def median(runs: list[dict], key: str) -> float | None:
+    ok = [r[key] for r in runs if key in r]
+    return statistics.median(ok) if ok else None
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--model")
+    ap.add_argument("--preset", default="bench")
+    ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--n-predict", type=int, default=32)
-    ap.add_argument("--model", default=None)
-    ap.add_argument("--pager", action="store_true", help="paged engine (default: --no-pager)")
+    ap.add_argument("--prompt-repeat", type=int, default=4)
+    ap.add_argument("--threads", default="1,2", help="resident thread counts")
+    ap.add_argument("--no-paged", action="store_true", help="skip the capped paged row")
+    ap.add_argument("--no-llama", action="store_true")
+    ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--out", help="write every run and the medians as JSON here")
     a = ap.parse_args()
-    model = a.model or str(make_model("ci"))
-    decode_tok_s(model, 1, 2, a.pager)  # warm the numba cache and the page cache
-    rows = {}
-    for t in (1, 2):
-        rows[t] = [decode_tok_s(model, t, a.n_predict, a.pager) for _ in range(a.repeat)]
-        print(f"-t {t}: {', '.join(f'{x:.1f}' for x in rows[t])}", file=sys.stderr)
-    base = statistics.median(rows[1])
-    print(f"| threads | decode tok/s (median of {a.repeat}) | min | max | ratio vs -t 1 |")
-    print("|---:|---:|---:|---:|---:|")
-    for t, xs in rows.items():
-        m = statistics.median(xs)
-        print(f"| {t} | {m:.1f} | {min(xs):.1f} | {max(xs):.1f} | {m / base:.2f} |")
+    if a.repeat < 1 or a.n_predict < 2 or a.prompt_repeat < 1:
+        die("--repeat, --prompt-repeat must be >= 1 and --n-predict >= 2")
+    try:
+        threads = [int(t) for t in a.threads.split(",")]
+    except ValueError:
+        die(f"--threads {a.threads!r}: expected a comma-separated list of integers")
+    if a.model is None:
+        from epmci.synth.store import make_model
+        a.model = str(make_model(a.preset))
+    if not os.path.isfile(a.model):
+        die(f"{a.model}: no such file")
+    prompt = " ".join([PROMPT] * a.prompt_repeat)
+    have_llama = False
+    if not a.no_llama:
+        try:
+            import llama_cpp  # noqa: F401
+            have_llama = True
+        except ImportError:
+            pass
+    settings: dict[str, object] = {}
+    for t in threads:
+        settings[f"engine -t {t}"] = lambda t=t: engine_run(a.model, prompt, t, a)
+        if have_llama:
+            settings[f"llama.cpp -t {t}"] = lambda t=t: llama_run(a.model, prompt, t, a)
+    paged_note = None
+    cap = None
+    if a.no_paged:
+        paged_note = "skipped (--no-paged)"
+    elif not CGROUP_ROOT.is_dir() or os.geteuid() != 0:
+        paged_note = "skipped: needs root and the cgroup-v1 memory controller"
+    else:
+        cap = MemoryCap(int(os.path.getsize(a.model) / 3))
+        settings["paged engine -t 2, cap 1/3"] = lambda: engine_run(a.model, prompt, 2, a, cap)
+    runs: dict[str, list[dict]] = {name: [] for name in settings}
+    try:
+        for rnd in range(a.repeat + 1):
+            for name, run in settings.items():
+                r = run()
+                if rnd > 0:
+                    runs[name].append(r)
+                print(f"[{'warm-up' if rnd == 0 else f'{rnd}/{a.repeat}'}] {name}: {r}", file=sys.stderr)
+    finally:
+        if cap is not None:
+            cap.close()
+    med = {name: {k: median(rs, k) for k in ("prefill_tok_s", "decode_tok_s")} for name, rs in runs.items()}
+    ntok = next((r["prompt_tokens"] for rs in runs.values() for r in rs if "prompt_tokens" in r), None)
+    print(f"model {a.model}; prompt {ntok} tokens, {a.n_predict} generated; median of {a.repeat} "
+          f"interleaved rounds")
+    print("| setting | prefill tok/s | decode tok/s | runs ok |")
+    print("|---|---:|---:|---:|")
+    for name, rs in runs.items():
+        ok = sum("decode_tok_s" in r for r in rs)
+        m = med[name]
+        if not ok:
+            print(f"| {name} | failed: {rs[0].get('error', '')[:80]} | | 0/{len(rs)} |")
+            continue
+        print(f"| {name} | {m['prefill_tok_s']:.2f} | {m['decode_tok_s']:.2f} | {ok}/{len(rs)} |")
+    if paged_note:
+        print(f"| paged engine -t 2, cap 1/3 | {paged_note} | | |")
+    print()
+    ratios = {}
+    for t in threads:
+        e, l = med.get(f"engine -t {t}"), med.get(f"llama.cpp -t {t}")
+        for k, label in (("decode_tok_s", "decode"), ("prefill_tok_s", "prefill")):
+            if e and l and e[k] and l[k]:
+                ratios[f"{label} -t {t}: engine / llama.cpp"] = e[k] / l[k]
+    p, e2 = med.get("paged engine -t 2, cap 1/3"), med.get("engine -t 2")
+    if p and e2 and p["decode_tok_s"] and e2["decode_tok_s"]:
+        ratios["decode -t 2: paged (cap 1/3) / resident"] = p["decode_tok_s"] / e2["decode_tok_s"]
+    for k, v in ratios.items():
+        print(f"{k}: {v:.3f}x")
+    if a.out:
+        write_json(a.out, {"model": a.model, "prompt_tokens": ntok, "n_predict": a.n_predict, "repeat": a.repeat,
+                           "runs": runs, "medians": med, "ratios": ratios})
     return 0
 
 

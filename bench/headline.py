@@ -50,7 +50,7 @@ LLAMA_SCRIPT = textwrap.dedent("""
         ptr = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
         llm.eval([int(np.ctypeslib.as_array(ptr, shape=(llm.n_vocab(),)).argmax())])
     t2 = time.perf_counter()
-    print(json.dumps({"prefill_s": t1 - t0, "decode_tok_s": n / (t2 - t1)}))
+    print(json.dumps({"prompt_tokens": len(toks), "prefill_s": t1 - t0, "decode_tok_s": n / (t2 - t1)}))
 """)
 
 
@@ -103,6 +103,15 @@ def engine_run(cap, model, a, arena_mb, extra: list[str], env: dict[str, str], c
                 "mb_per_token": dec["ssd_bytes_per_token"] / 2**20, "peak_rss_mb": dec["peak_rss_mb"],
                 "prefetch_issued": dec["prefetch_issued"], "prefetch_used": dec["prefetch_used"],
                 "io_wait_s": dec["io_wait_s"], "io_direct_pct": dec.get("io_direct_pct"), **cap.stats()}
+
+
+def write_json(path: str, data: dict) -> None:
+    """The runs as JSON, written to a temp file and renamed (no half-written results)."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(out)
 
 
 def die(msg: str) -> None:
@@ -229,13 +238,8 @@ def main() -> int:
             if name in med:
                 print(f"ratio {name} / llama.cpp: {med[name] / med['llama.cpp']:.2f}x")
     if a.out:
-        out = Path(a.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"model": a.model, "file_bytes": size, "cap_bytes": cap.limit,
-                                   "arena_mb": arena_mb, "threads": a.threads, "n_predict": a.n_predict,
-                                   "runs": runs, "median_tok_s": med}, indent=1))
-        tmp.replace(out)
+        write_json(a.out, {"model": a.model, "file_bytes": size, "cap_bytes": cap.limit, "arena_mb": arena_mb,
+                           "threads": a.threads, "n_predict": a.n_predict, "runs": runs, "median_tok_s": med})
     return 0
 
 

@@ -18,9 +18,8 @@ Numerics (read against llama.cpp's C sources, not memory):
   order: ``d = f16(x.d) * y.d``; ``sums[l] += d * (float)aux32[l]`` for l = 0..7;
   (q4_K/q5_K) ``dmin = f16(x.dmin) * y.d; sumf -= dmin * (float)sumi`` with
   ``sumi = sum_j bsums[j] * mins[j/2]``; at the end ``sumf += sums[l]`` for l = 0..7.
-  Integer sums are exact, so how they are formed does not matter: the kernels
-  pre-multiply each unpacked weight by its sub-block scale once per weight row (int16)
-  and reuse it for all activation rows.
+  Integer sums are exact, so how they are formed does not matter: the kernels form
+  each lane's sum in a vectorized loop over the 8 lanes (see "matrix products" below).
 * ``matmul_q8_0`` == ``ggml_vec_dot_q8_0_q8_0_generic``:
   ``sumf += (float)sumi * (f16(x.d) * f16(y.d))`` per 32-block, blocks in order.
 * ``matmul_f32`` == the scalar (non-SIMD) ``ggml_vec_dot_f32`` of
@@ -31,13 +30,15 @@ Numerics (read against llama.cpp's C sources, not memory):
   reproduced.)
 * ``dequantize_rows`` == ``dequantize_row_*`` in ggml-quants.c, which is also
   ``gguf.quants.dequantize`` bit for bit (float32: ``(d*sc)*q - (dmin*m)`` etc.).
-* ``matmul`` is the one dispatcher (the forward pass and the tests call it): it quantizes
-  an ``Activation`` to the weight type's vec_dot_type (engine/qtypes.py) once and runs
-  that type's kernel.
+* ``matmul_rows`` is the one dispatcher (``matmul`` is its one-matrix case; the forward
+  pass and the tests call them): it quantizes an ``Activation`` to the weight type's
+  vec_dot_type (engine/qtypes.py) once and runs that type's kernel over one matrix or
+  several (a layer's experts), each with its own activation rows.
 
 Determinism: kernels are ``parallel=True`` with ``prange`` over fixed chunks of OUTPUT
-rows only; every output element is produced by one sequential loop whose order does not
-depend on the thread count, so results are bit-identical for any ``set_threads``.
+rows only (of one or several matrices); every output element is produced by one
+sequential loop whose order does not depend on the thread count, so results are
+bit-identical for any ``set_threads``.
 No fastmath anywhere (it would allow reassociation/contraction); every float operation
 is written on np.float32 operands so numba does not widen to float64.
 """
@@ -48,7 +49,8 @@ import math
 
 import numba
 import numpy as np
-from numba import njit, prange
+from numba import njit, prange, types
+from numba.extending import intrinsic
 
 from .qtypes import F32, Q4_K, Q5_K, Q6_K, Q8_0, Q8_K, QK8_0, QK_K, QTYPES, qtype_info
 
@@ -57,9 +59,6 @@ _Q8_0_BYTES = QTYPES[Q8_0].block_bytes
 _Q4_K_BYTES = QTYPES[Q4_K].block_bytes
 _Q5_K_BYTES = QTYPES[Q5_K].block_bytes
 _Q6_K_BYTES = QTYPES[Q6_K].block_bytes
-
-# Output rows handled by one parallel work item (scratch buffers are per item).
-_CHUNK = 8
 
 
 def set_threads(n: int) -> None:
@@ -191,136 +190,175 @@ def quantize_q8_0(x):
     return d.astype(np.float16).astype(np.float32), qs
 
 
-# ------------------------------------------------------------- weight row unpacking
+# ------------------------------------------------------------- matrix products
+#
+# A product call multiplies M weight matrices of one type and shape (the experts of a
+# layer, or a single dense matrix) each with its own subset of the activation rows:
+# matrix m takes rows act_rows[act_start[m]:act_start[m + 1]] and writes output rows
+# act_start[m].. . The matrices are passed as addresses (see _u8_pointer), so one call --
+# one parallel region -- covers them all. Work items are (matrix, 16 output rows); each
+# output element is computed by one item, in ggml's order, whatever the thread count.
+#
+# The integer work of a super-block is a loop over its 8 lanes (`lanes` = 8; value p of a
+# block is in lane p % 8, as aux32[l] in the C): each lane reads consecutive bytes, so LLVM
+# turns the loop into 8-wide vector code. `lanes` is passed at run time because with a
+# compile-time trip count of 8 LLVM unrolls the loop and leaves it scalar (numba runs
+# LLVM's SLP vectorizer off). Indices in lane loops are cast to uint64: numba then skips
+# its negative-index wraparound, which would hide from LLVM that the lanes are consecutive.
+# The float work of a block (8 lane products and sums) is in the same loop, one rounding
+# per operation and lane, so vectorizing it does not change a bit.
+
+_LANES = 8
+_U = np.uint64
+_ROWS_PER_ITEM = 16
+
+
+@intrinsic
+def _u8_pointer(typingctx, address):
+    """int64 address -> uint8* for numba.carray. The caller keeps the memory alive (the
+    Python wrapper holds the arrays the addresses were taken from for the whole call)."""
+    if not isinstance(address, types.Integer):
+        return None
+    sig = types.CPointer(types.uint8)(address)
+
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
+    return sig, codegen
+
+
+@njit(cache=True)
+def _check_rows(n_act, act_rows, act_start):
+    """act_start non-decreasing from 0 to len(act_rows), every act_row in [0, n_act)."""
+    if act_start[0] != 0 or act_start[-1] != act_rows.shape[0]:
+        return False
+    for m in range(act_start.shape[0] - 1):
+        if act_start[m + 1] < act_start[m]:
+            return False
+    for a in range(act_rows.shape[0]):
+        if act_rows[a] < 0 or act_rows[a] >= n_act:
+            return False
+    return True
+
 
 @njit(cache=True, inline="always")
-def _unpack_q45_K_row(wr, nb, ws, xd, xm, mins, five):
-    """Q4_K/Q5_K row: ws[p] = sc(p) * q(p) (int16), xd/xm = f16 d/dmin, mins[8*i + j]."""
-    bpb = _Q5_K_BYTES if five else _Q4_K_BYTES
-    for i in range(nb):
-        blk = wr[i * bpb:(i + 1) * bpb]
-        xd[i] = _f16(blk[0], blk[1])
-        xm[i] = _f16(blk[2], blk[3])
-        qh = blk[16:48]
+def _block_q4_K(wr, i, d, qs, bsums, rows, lanes, scm, sums, sumf):
+    """Super-block i of a Q4_K row wr, for activation rows `rows`: sums[s, l] += d * aux32[l];
+    sumf[s] -= dmin * sumi (ggml_vec_dot_q4_K_q8_K_generic)."""
+    o = i * _Q4_K_BYTES
+    xd = _f16(wr[o], wr[o + 1])
+    xm = _f16(wr[o + 2], wr[o + 3])
+    _scales_mins_k4(wr, o + 4, scm)
+    qo = o + 16
+    yo = i * QK_K
+    for s in range(rows.shape[0]):
+        j = rows[s]
+        y = qs[j]
+        dd = np.float32(xd * d[j, i])
+        for l in range(lanes):
+            # aux16 = 16 * aux32[l]: the high nibble is used as b & 0xF0 = 16 q, sparing a
+            # shift numba would do in 64 bits. |aux16| < 2^31 (at most 16*256*63*15*127).
+            aux16 = np.int32(0)
+            for c in range(4):   # 64 values: 32 low nibbles (scale 2c), 32 high (2c + 1)
+                lo = np.int32(0)
+                hi16 = np.int32(0)
+                for m in range(4):
+                    x = 8 * m + l
+                    b = np.int32(wr[_U(qo + 32 * c + x)])
+                    lo = np.int32(lo + np.int32((b & 0xF) * np.int32(y[_U(yo + 64 * c + x)])))
+                    hi16 = np.int32(hi16 + np.int32((b & 0xF0) * np.int32(y[_U(yo + 64 * c + 32 + x)])))
+                aux16 = np.int32(aux16 + np.int32(16 * scm[2 * c] * lo) + np.int32(scm[2 * c + 1] * hi16))
+            sums[s, _U(l)] = np.float32(sums[s, _U(l)] + np.float32(dd * np.float32(aux16 >> 4)))
+        _mins_term(xm, d[j, i], bsums[j], i, scm, sumf, s)
+
+
+@njit(cache=True, inline="always")
+def _scales_mins_k4(wr, off, scm):
+    """The 8 6-bit scales (scm[0:8]) and mins (scm[8:16]) of a Q4_K/Q5_K super-block."""
+    for g in range(8):
+        sc, mn = _scale_min_k4(wr, off, g)
+        scm[g] = sc
+        scm[8 + g] = mn
+
+
+@njit(cache=True, inline="always")
+def _mins_term(xm, yd, bsums_j, i, scm, sumf, s):
+    """sumf[s] -= dmin * sumi, sumi = sum_j bsums[j] * mins[j/2] (Q4_K and Q5_K)."""
+    sumi = np.int32(0)
+    for g in range(8):   # bsums[2g], bsums[2g + 1] share mins[g]
+        sumi += (np.int32(bsums_j[i * 16 + 2 * g]) + np.int32(bsums_j[i * 16 + 2 * g + 1])) * scm[8 + g]
+    dmin = np.float32(xm * yd)
+    sumf[s] = np.float32(sumf[s] - np.float32(dmin * np.float32(sumi)))
+
+
+@njit(cache=True, inline="always")
+def _lanes_unpacked(u, group, y, yo, scm, lanes, dd, sums, s):
+    """sums[s, l] += dd * aux32[l] for a super-block unpacked into u (256 quants in value
+    order), `group` consecutive values sharing each scale scm[g]."""
+    for l in range(lanes):
+        aux = np.int32(0)
+        for g in range(QK_K // group):
+            p = np.int32(0)
+            for m in range(group // 8):
+                x = group * g + 8 * m + l
+                p = np.int32(p + np.int32(np.int32(u[_U(x)]) * np.int32(y[_U(yo + x)])))
+            aux = np.int32(aux + np.int32(scm[g] * p))
+        sums[s, _U(l)] = np.float32(sums[s, _U(l)] + np.float32(dd * np.float32(aux)))
+
+
+@njit(cache=True, inline="always")
+def _block_q5_K(wr, i, d, qs, bsums, rows, lanes, scm, u, sums, sumf):
+    """Super-block i of a Q5_K row wr, for activation rows `rows` (as Q4_K, with a fifth bit
+    per value from qh). The quants are unpacked into u first -- a vectorized loop over the
+    32 bytes of qh (`lanes` * 4 at run time, see above) -- because pulling the fifth bit out
+    inside the lane loop costs 64-bit shifts (numba's integer widths)."""
+    o = i * _Q5_K_BYTES
+    xd = _f16(wr[o], wr[o + 1])
+    xm = _f16(wr[o + 2], wr[o + 3])
+    _scales_mins_k4(wr, o + 4, scm)
+    for x in range(4 * lanes):
+        h = wr[_U(o + 16 + x)]
         for c in range(4):
-            sc0, m0 = _scale_min_k4(blk, 4, 2 * c)
-            sc1, m1 = _scale_min_k4(blk, 4, 2 * c + 1)
-            mins[i * 8 + 2 * c] = m0
-            mins[i * 8 + 2 * c + 1] = m1
-            qoff = (48 if five else 16) + 32 * c
-            ql = blk[qoff:qoff + 32]
-            lo = ws[i * QK_K + 64 * c:i * QK_K + 64 * c + 32]
-            hi = ws[i * QK_K + 64 * c + 32:i * QK_K + 64 * c + 64]
-            if five:
-                for l in range(32):
-                    q = np.int32(ql[l])
-                    h = np.int32(qh[l])
-                    lo[l] = sc0 * ((q & 0xF) | (((h >> (2 * c)) & 1) << 4))
-                    hi[l] = sc1 * ((q >> 4) | (((h >> (2 * c + 1)) & 1) << 4))
-            else:
-                for l in range(32):
-                    q = np.int32(ql[l])
-                    lo[l] = sc0 * (q & 0xF)
-                    hi[l] = sc1 * (q >> 4)
+            b = wr[_U(o + 48 + 32 * c + x)]
+            u[_U(64 * c + x)] = (b & 0xF) | (((h >> (2 * c)) & 1) << 4)
+            u[_U(64 * c + 32 + x)] = (b >> 4) | (((h >> (2 * c + 1)) & 1) << 4)
+    for s in range(rows.shape[0]):
+        j = rows[s]
+        _lanes_unpacked(u, 32, qs[j], i * QK_K, scm, lanes, np.float32(xd * d[j, i]), sums, s)
+        _mins_term(xm, d[j, i], bsums[j], i, scm, sumf, s)
 
 
 @njit(cache=True, inline="always")
-def _unpack_q6_K_row(wr, nb, ws, xd):
-    """Q6_K row: ws[p] = scales[p // 16] * (q6(p) - 32) (int16), xd = f16 d."""
-    for i in range(nb):
-        blk = wr[i * _Q6_K_BYTES:(i + 1) * _Q6_K_BYTES]
-        xd[i] = _f16(blk[208], blk[209])
-        for half in range(2):
-            ql = blk[64 * half:64 * half + 64]
-            qh = blk[128 + 32 * half:160 + 32 * half]
-            sc = blk[192 + 8 * half:200 + 8 * half]  # 8 scales of this 128-value half
-            out = ws[i * QK_K + 128 * half:i * QK_K + 128 * half + 128]
-            for part in range(2):  # l in [0, 16) and [16, 32): one scale index each
-                s1 = np.int32(np.int8(sc[part + 0]))
-                s2 = np.int32(np.int8(sc[part + 2]))
-                s3 = np.int32(np.int8(sc[part + 4]))
-                s4 = np.int32(np.int8(sc[part + 6]))
-                for ll in range(16):
-                    l = 16 * part + ll
-                    a = np.int32(ql[l])
-                    b = np.int32(ql[l + 32])
-                    h = np.int32(qh[l])
-                    out[l] = s1 * (((a & 0xF) | ((h & 3) << 4)) - 32)
-                    out[l + 32] = s2 * (((b & 0xF) | (((h >> 2) & 3) << 4)) - 32)
-                    out[l + 64] = s3 * (((a >> 4) | (((h >> 4) & 3) << 4)) - 32)
-                    out[l + 96] = s4 * (((b >> 4) | (((h >> 6) & 3) << 4)) - 32)
-
-
-# ------------------------------------------------------------- per-row dot products
-
-@njit(cache=True, inline="always")
-def _rows_kquant(ws, xd, xm, mins, has_min, nb, d, qs, bsums, t, acc8, accf, out, r):
-    """out[j, r] for all activation rows j, each exactly ggml_vec_dot_q{4,5,6}_K_q8_K_generic.
-
-    ws: int16[nb*256] scale-premultiplied weights of row r (see module doc); t: int32[256]
-    scratch; acc8 float32[n, 8] (C: sums[8]) and accf float32[n] (C: sumf) hold each
-    output's float32 state while super-blocks are processed in order i = 0..nb-1.
-    aux32[l] = sum of ws*q8 over positions = l (mod 8) of a super-block, computed exactly
-    (products into t, then 8 lane sums).
-    """
-    n = qs.shape[0]
-    for j in range(n):
-        accf[j] = np.float32(0.0)
-        for l in range(8):
-            acc8[j, l] = np.float32(0.0)
-    for i in range(nb):
-        w = ws[i * QK_K:(i + 1) * QK_K]
-        for j in range(n):
-            q = qs[j, i * QK_K:(i + 1) * QK_K]
-            for p in range(QK_K):
-                t[p] = np.int32(w[p]) * np.int32(q[p])
-            a0 = np.int32(0)
-            a1 = np.int32(0)
-            a2 = np.int32(0)
-            a3 = np.int32(0)
-            a4 = np.int32(0)
-            a5 = np.int32(0)
-            a6 = np.int32(0)
-            a7 = np.int32(0)
-            for g in range(QK_K // 8):
-                o = 8 * g
-                a0 += t[o]
-                a1 += t[o + 1]
-                a2 += t[o + 2]
-                a3 += t[o + 3]
-                a4 += t[o + 4]
-                a5 += t[o + 5]
-                a6 += t[o + 6]
-                a7 += t[o + 7]
-            yd = d[j, i]
-            dd = np.float32(xd[i] * yd)
-            acc8[j, 0] = np.float32(acc8[j, 0] + np.float32(dd * np.float32(a0)))
-            acc8[j, 1] = np.float32(acc8[j, 1] + np.float32(dd * np.float32(a1)))
-            acc8[j, 2] = np.float32(acc8[j, 2] + np.float32(dd * np.float32(a2)))
-            acc8[j, 3] = np.float32(acc8[j, 3] + np.float32(dd * np.float32(a3)))
-            acc8[j, 4] = np.float32(acc8[j, 4] + np.float32(dd * np.float32(a4)))
-            acc8[j, 5] = np.float32(acc8[j, 5] + np.float32(dd * np.float32(a5)))
-            acc8[j, 6] = np.float32(acc8[j, 6] + np.float32(dd * np.float32(a6)))
-            acc8[j, 7] = np.float32(acc8[j, 7] + np.float32(dd * np.float32(a7)))
-            if has_min:
-                sumi = np.int32(0)
-                for jj in range(QK_K // 16):
-                    sumi += np.int32(bsums[j, i * 16 + jj]) * mins[i * 8 + jj // 2]
-                dmin = np.float32(xm[i] * yd)
-                accf[j] = np.float32(accf[j] - np.float32(dmin * np.float32(sumi)))
-    for j in range(n):
-        sumf = accf[j]
-        for l in range(8):
-            sumf = np.float32(sumf + acc8[j, l])
-        out[j, r] = sumf
+def _block_q6_K(wr, i, d, qs, rows, lanes, scm, q6, sums):
+    """Super-block i of a Q6_K row wr for activation rows `rows`: sums[s, l] += d * aux32[l]
+    (ggml_vec_dot_q6_K_q8_K_generic). In each half h of 128 values, byte x < 32 of ql
+    (ql[64h + x], ql[64h + 32 + x]) and of qh (qh[32h + x]) make the values 128h + 32t + x,
+    t = 0..3, as (4 low bits | 2 high bits << 4) - 32; 16 consecutive values share a scale.
+    Unpacked into q6 first, as Q5_K."""
+    o = i * _Q6_K_BYTES
+    xd = _f16(wr[o + 208], wr[o + 209])
+    for g in range(16):
+        scm[g] = np.int32(np.int8(wr[o + 192 + g]))
+    for x in range(4 * lanes):
+        for h in range(2):
+            a = wr[_U(o + 64 * h + x)]
+            b = wr[_U(o + 64 * h + 32 + x)]
+            qh = wr[_U(o + 128 + 32 * h + x)]
+            q6[_U(128 * h + x)] = ((a & 0xF) | ((qh & 3) << 4)) - 32
+            q6[_U(128 * h + 32 + x)] = ((b & 0xF) | (((qh >> 2) & 3) << 4)) - 32
+            q6[_U(128 * h + 64 + x)] = ((a >> 4) | (((qh >> 4) & 3) << 4)) - 32
+            q6[_U(128 * h + 96 + x)] = ((b >> 4) | (((qh >> 6) & 3) << 4)) - 32
+    for s in range(rows.shape[0]):
+        j = rows[s]
+        _lanes_unpacked(q6, 16, qs[j], i * QK_K, scm, lanes, np.float32(xd * d[j, i]), sums, s)
 
 
 @njit(cache=True, parallel=True)
-def matmul_kquant(w, qtype, d, qs, bsums):
-    """w uint8[rows, nb*block bytes] of type Q4_K, Q5_K or Q6_K, Q8_K activations (d, qs, bsums)
-    of x[n, k] -> float32[n, rows]. One kernel for the three: they differ only in how a row
-    is unpacked (Q6_K has no mins, so bsums is unused for it)."""
-    rows = w.shape[0]
+def matmul_kquant(ptrs, n_rows, row_bytes, qtype, d, qs, bsums, act_rows, act_start, lanes):
+    """Matrices of type Q4_K, Q5_K or Q6_K (uint8[n_rows, row_bytes] at ptrs[m]) times Q8_K
+    activations (d, qs, bsums) of x[n, k] -> float32[len(act_rows), n_rows] (see above).
+    One kernel for the three: they differ only in how a super-block is read (Q6_K has no
+    mins, so bsums is unused for it)."""
+    n_mat = ptrs.shape[0]
     n, k = qs.shape
     nb = k // QK_K
     if qtype == Q4_K:
@@ -331,83 +369,97 @@ def matmul_kquant(w, qtype, d, qs, bsums):
         bb = _Q6_K_BYTES
     else:
         raise ValueError("matmul_kquant: not a k-quant type")
-    has_min = qtype != Q6_K
-    if (k % QK_K != 0 or w.shape[1] != nb * bb or d.shape != (n, nb)
-            or (has_min and bsums.shape != (n, nb * 16))):
+    if (k % QK_K != 0 or row_bytes != nb * bb or d.shape != (n, nb) or bsums.shape != (n, nb * 16)
+            or lanes != _LANES or act_start.shape[0] != n_mat + 1 or not _check_rows(n, act_rows, act_start)):
         raise ValueError("matmul_kquant: shape mismatch")
-    out = np.empty((n, rows), np.float32)
-    nch = (rows + _CHUNK - 1) // _CHUNK
-    for c in prange(nch):
-        ws = np.empty(k, np.int16)
-        xd = np.empty(nb, np.float32)
-        xm = np.empty(nb, np.float32)
-        mins = np.empty(nb * 8, np.int32)
-        t = np.empty(QK_K, np.int32)
-        acc8 = np.empty((n, 8), np.float32)
-        accf = np.empty(n, np.float32)
-        for r in range(c * _CHUNK, min(rows, (c + 1) * _CHUNK)):
-            if has_min:
-                _unpack_q45_K_row(w[r], nb, ws, xd, xm, mins, qtype == Q5_K)
-            else:
-                _unpack_q6_K_row(w[r], nb, ws, xd)
-            _rows_kquant(ws, xd, xm, mins, has_min, nb, d, qs, bsums, t, acc8, accf, out, r)
+    out = np.empty((act_rows.shape[0], n_rows), np.float32)
+    per = (n_rows + _ROWS_PER_ITEM - 1) // _ROWS_PER_ITEM
+    for item in prange(n_mat * per):
+        m = item // per
+        a0 = act_start[m]
+        cnt = act_start[m + 1] - a0
+        sums = np.empty((cnt, _LANES), np.float32)   # C: sums[8] of each output
+        sumf = np.empty(cnt, np.float32)             # C: sumf
+        scm = np.empty(16, np.int32)                 # one super-block's scales (and mins)
+        u5 = np.empty(QK_K, np.uint8)                # one super-block's Q5_K quants
+        q6 = np.empty(QK_K, np.int8)                 # one super-block's Q6_K quants
+        rows = act_rows[a0:a0 + cnt]
+        w = numba.carray(_u8_pointer(ptrs[m]), (n_rows, row_bytes))
+        r0 = (item - m * per) * _ROWS_PER_ITEM
+        for r in range(r0, min(n_rows, r0 + _ROWS_PER_ITEM)):
+            wr = w[r]
+            sums[:cnt] = 0
+            sumf[:cnt] = 0
+            for i in range(nb):
+                if qtype == Q4_K:
+                    _block_q4_K(wr, i, d, qs, bsums, rows, lanes, scm, sums, sumf)
+                elif qtype == Q5_K:
+                    _block_q5_K(wr, i, d, qs, bsums, rows, lanes, scm, u5, sums, sumf)
+                else:
+                    _block_q6_K(wr, i, d, qs, rows, lanes, scm, q6, sums)
+            for s in range(cnt):
+                acc = sumf[s]
+                for l in range(_LANES):
+                    acc = np.float32(acc + sums[s, l])
+                out[a0 + s, r] = acc
     return out
 
 
 @njit(cache=True, parallel=True)
-def matmul_q8_0(w, d, qs):
-    """w uint8[rows, nb*34], Q8_0 activations (d = f16 values as f32, qs) -> float32[n, rows]."""
-    rows = w.shape[0]
+def matmul_q8_0(ptrs, n_rows, row_bytes, d, qs, act_rows, act_start, lanes):
+    """Q8_0 matrices (uint8[n_rows, row_bytes] at ptrs[m]) times Q8_0 activations (d = f16
+    values as f32, qs) -> float32[len(act_rows), n_rows] (see above)."""
+    n_mat = ptrs.shape[0]
     n, k = qs.shape
     nb = k // QK8_0
-    if k % QK8_0 != 0 or w.shape[1] != nb * _Q8_0_BYTES or d.shape[0] != n:
+    if (k % QK8_0 != 0 or row_bytes != nb * _Q8_0_BYTES or d.shape != (n, nb) or lanes != _LANES
+            or act_start.shape[0] != n_mat + 1 or not _check_rows(n, act_rows, act_start)):
         raise ValueError("matmul_q8_0: shape mismatch")
-    out = np.empty((n, rows), np.float32)
-    nch = (rows + _CHUNK - 1) // _CHUNK
-    for c in prange(nch):
-        wq = np.empty(k, np.int8)
-        xd = np.empty(nb, np.float32)
-        for r in range(c * _CHUNK, min(rows, (c + 1) * _CHUNK)):
+    out = np.empty((act_rows.shape[0], n_rows), np.float32)
+    per = (n_rows + _ROWS_PER_ITEM - 1) // _ROWS_PER_ITEM
+    for item in prange(n_mat * per):
+        m = item // per
+        a0 = act_start[m]
+        w = numba.carray(_u8_pointer(ptrs[m]), (n_rows, row_bytes))
+        r0 = (item - m * per) * _ROWS_PER_ITEM
+        for r in range(r0, min(n_rows, r0 + _ROWS_PER_ITEM)):
             wr = w[r]
-            for i in range(nb):
-                o = i * _Q8_0_BYTES
-                xd[i] = _f16(wr[o], wr[o + 1])
-                for l in range(QK8_0):
-                    wq[i * QK8_0 + l] = np.int8(wr[o + 2 + l])
-            for j in range(n):
-                yq = qs[j]
-                yd = d[j]
+            for s in range(act_start[m + 1] - a0):
+                j = act_rows[a0 + s]
+                y = qs[j]
                 sumf = np.float32(0.0)
                 for i in range(nb):
-                    wb = wq[i * QK8_0:(i + 1) * QK8_0]
-                    yb = yq[i * QK8_0:(i + 1) * QK8_0]
+                    o = i * _Q8_0_BYTES
                     sumi = np.int32(0)
-                    for l in range(QK8_0):
-                        sumi += np.int32(wb[l]) * np.int32(yb[l])
-                    sumf = np.float32(sumf + np.float32(np.float32(sumi) * np.float32(xd[i] * yd[i])))
-                out[j, r] = sumf
+                    for x in range(4 * lanes):   # the block's 32 products: a vectorized reduction
+                        sumi = np.int32(sumi + np.int32(np.int32(np.int8(wr[_U(o + 2 + x)]))
+                                                        * np.int32(y[_U(i * QK8_0 + x)])))
+                    xd = _f16(wr[o], wr[o + 1])
+                    sumf = np.float32(sumf + np.float32(np.float32(sumi) * np.float32(xd * d[j, i])))
+                out[a0 + s, r] = sumf
     return out
 
 
 @njit(cache=True, parallel=True)
-def matmul_f32(w, x):
-    """w float32[rows, k], x float32[n, k] -> float32[n, rows].
-
-    out[j, r] = float32( sum_i double(float32(w[r, i] * x[j, i])) ), summed sequentially
-    i = 0..k-1 in double (scalar ggml_vec_dot_f32).  Four output rows are advanced
-    together (independent chains) for throughput; that does not change any chain.
-    """
-    rows, k = w.shape
-    n = x.shape[0]
-    if x.shape[1] != k:
+def matmul_f32(ptrs, n_rows, row_bytes, x, act_rows, act_start):
+    """F32 matrices (n_rows rows of row_bytes = 4k bytes at ptrs[m]) times x float32[n, k]
+    -> float32[len(act_rows), n_rows]: out = float32(sum_i double(float32(w[r, i] * x[j, i]))),
+    summed sequentially i = 0..k-1 in double (scalar ggml_vec_dot_f32). Four output rows
+    advance together (independent chains) for throughput; that does not change any chain."""
+    n_mat = ptrs.shape[0]
+    n, k = x.shape
+    if row_bytes != 4 * k or act_start.shape[0] != n_mat + 1 or not _check_rows(n, act_rows, act_start):
         raise ValueError("matmul_f32: shape mismatch")
-    out = np.empty((n, rows), np.float32)
-    nch = (rows + _CHUNK - 1) // _CHUNK
-    for c in prange(nch):
-        r0 = c * _CHUNK
-        r1 = min(rows, r0 + _CHUNK)
-        for j in range(n):
-            xj = x[j]
+    out = np.empty((act_rows.shape[0], n_rows), np.float32)
+    per = (n_rows + _ROWS_PER_ITEM - 1) // _ROWS_PER_ITEM
+    for item in prange(n_mat * per):
+        m = item // per
+        a0 = act_start[m]
+        w = numba.carray(_u8_pointer(ptrs[m]), (n_rows, row_bytes)).view(np.float32)
+        r0 = (item - m * per) * _ROWS_PER_ITEM
+        r1 = min(n_rows, r0 + _ROWS_PER_ITEM)
+        for s in range(act_start[m + 1] - a0):
+            xj = x[act_rows[a0 + s]]
             r = r0
             while r + 4 <= r1:
                 w0 = w[r]
@@ -424,17 +476,17 @@ def matmul_f32(w, x):
                     s1 += np.float64(np.float32(w1[i] * xv))
                     s2 += np.float64(np.float32(w2[i] * xv))
                     s3 += np.float64(np.float32(w3[i] * xv))
-                out[j, r] = np.float32(s0)
-                out[j, r + 1] = np.float32(s1)
-                out[j, r + 2] = np.float32(s2)
-                out[j, r + 3] = np.float32(s3)
+                out[a0 + s, r] = np.float32(s0)
+                out[a0 + s, r + 1] = np.float32(s1)
+                out[a0 + s, r + 2] = np.float32(s2)
+                out[a0 + s, r + 3] = np.float32(s3)
                 r += 4
             while r < r1:
                 wr = w[r]
                 s0 = 0.0
                 for i in range(k):
                     s0 += np.float64(np.float32(wr[i] * xj[i]))
-                out[j, r] = np.float32(s0)
+                out[a0 + s, r] = np.float32(s0)
                 r += 1
     return out
 
@@ -563,28 +615,51 @@ class Activation:
             q = self._quantized[vec_dot_type] = _QUANTIZE[vec_dot_type](self.x)
         return q
 
-    def rows(self, idx: np.ndarray) -> "Activation":
-        """The rows idx, with what is quantized already (quantization is per row)."""
-        sub = Activation(self.x[idx])
-        sub._quantized = {t: tuple(np.ascontiguousarray(a[idx]) for a in q) for t, q in self._quantized.items()}
-        return sub
-
 
 _QUANTIZE = {Q8_K: quantize_q8_K, Q8_0: quantize_q8_0, F32: lambda x: (x,)}
 
 
 def _kquant(qtype: int):
-    return lambda w, d, qs, bsums: matmul_kquant(w, qtype, d, qs, bsums)
+    def kernel(ptrs, n_rows, row_bytes, act_rows, act_start, d, qs, bsums):
+        return matmul_kquant(ptrs, n_rows, row_bytes, qtype, d, qs, bsums, act_rows, act_start, _LANES)
+    return kernel
 
 
-_MATMUL = {Q4_K: _kquant(Q4_K), Q5_K: _kquant(Q5_K), Q6_K: _kquant(Q6_K), Q8_0: matmul_q8_0, F32: matmul_f32}
+def _q8_0(ptrs, n_rows, row_bytes, act_rows, act_start, d, qs):
+    return matmul_q8_0(ptrs, n_rows, row_bytes, d, qs, act_rows, act_start, _LANES)
+
+
+def _f32(ptrs, n_rows, row_bytes, act_rows, act_start, x):
+    return matmul_f32(ptrs, n_rows, row_bytes, x, act_rows, act_start)
+
+
+_MATMUL = {Q4_K: _kquant(Q4_K), Q5_K: _kquant(Q5_K), Q6_K: _kquant(Q6_K), Q8_0: _q8_0, F32: _f32}
+
+
+def matmul_rows(ws, qtype: int, a: Activation, rows_of) -> np.ndarray:
+    """Several matrices of one type and shape, each times its own activation rows:
+    ws[m] (uint8[rows, row_bytes]; float32[rows, k] for F32) times the rows rows_of[m] of a.
+    Returns float32[sum(len(rows_of[m])), rows]: matrix 0's output rows, then matrix 1's...
+    One kernel call (one parallel region) for all of them."""
+    t = qtype_info(qtype)
+    shape = ws[0].shape
+    for w in ws:
+        if w.shape != shape or w.ndim != 2 or not w.flags.c_contiguous:
+            raise ValueError(f"matmul: weights must be C-contiguous 2-D arrays of one shape, got {w.shape}")
+        if w.dtype != (np.float32 if t.vec_dot_type == F32 else np.uint8):
+            raise ValueError(f"matmul: {t.name} weights cannot be {w.dtype}")
+    ptrs = np.array([w.ctypes.data for w in ws], dtype=np.int64)
+    act_start = np.zeros(len(ws) + 1, dtype=np.int64)
+    np.cumsum([len(r) for r in rows_of], out=act_start[1:])
+    act_rows = np.concatenate(rows_of).astype(np.int64) if len(ws) > 1 else np.asarray(rows_of[0], dtype=np.int64)
+    return _MATMUL[int(qtype)](ptrs, shape[0], shape[1] * ws[0].itemsize, act_rows, act_start,
+                               *a.quantized(t.vec_dot_type))
 
 
 def matmul(w: np.ndarray, qtype: int, a: Activation | np.ndarray) -> np.ndarray:
     """y[n, rows] = W x as ggml's CPU backend computes it, for weight rows w of type qtype
     (uint8[rows, row_bytes]; float32[rows, k] for F32) and activations a (x float32[n, k]):
     x is quantized to the type's vec_dot_type, then the type's kernel runs."""
-    t = qtype_info(qtype)
     if not isinstance(a, Activation):
         a = Activation(a)
-    return _MATMUL[int(qtype)](w, *a.quantized(t.vec_dot_type))
+    return matmul_rows([w], qtype, a, [np.arange(a.x.shape[0])])

@@ -42,23 +42,35 @@ class MoETrace:
     out: np.ndarray
 
 
-def expert_ffn(gate_w: np.ndarray, up_w: np.ndarray, down_w: np.ndarray,
-               types: tuple[int, int, int], a: Activation) -> np.ndarray:
-    """One expert on rows a: down(silu(gate a) * up a), each product as ggml computes it."""
+def experts_ffn(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]], types: tuple[int, int, int],
+                a: Activation, rows_of: list[np.ndarray]) -> np.ndarray:
+    """Experts on their rows of a: down(silu(gate x) * up x) for expert m = parts[m] on the
+    rows rows_of[m]. Returns the output rows expert by expert (expert 0's rows, then 1's...).
+    Each product as ggml computes it, all experts in one kernel call per product (gate and
+    up in one when their types agree)."""
     t_gate, t_up, t_down = types
-    act = ops.swiglu(K.matmul(gate_w, t_gate, a), K.matmul(up_w, t_up, a))
-    return K.matmul(down_w, t_down, Activation(act))
+    gates, ups, downs = ([p[i] for p in parts] for i in range(3))
+    n = sum(len(r) for r in rows_of)
+    if t_gate == t_up:
+        gate_up = K.matmul_rows(gates + ups, t_gate, a, rows_of + rows_of)
+        gate, up = gate_up[:n], gate_up[n:]
+    else:
+        gate, up = K.matmul_rows(gates, t_gate, a, rows_of), K.matmul_rows(ups, t_up, a, rows_of)
+    ends = np.cumsum([len(r) for r in rows_of])
+    return K.matmul_rows(downs, t_down, Activation(ops.swiglu(gate, up)),
+                         [np.arange(end - len(r), end) for r, end in zip(rows_of, ends)])
 
 
-def kv_cache_shape(hp, n_ctx: int) -> tuple[int, int, int, int]:
-    """Shape of the K cache and of the V cache: F16 bit patterns (uint16), as llama.cpp's
-    default cache type."""
-    return (hp.n_layer, n_ctx, hp.n_head_kv, hp.head_dim)
+def kv_cache_shapes(hp, n_ctx: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Shapes of the K cache (layer, kv head, dim, position: transposed for the dots with
+    consecutive keys) and of the V cache (layer, position, kv head, dim). They hold
+    float32 values rounded to f16, the values of llama.cpp's default F16 cache."""
+    return ((hp.n_layer, hp.n_head_kv, hp.head_dim, n_ctx), (hp.n_layer, n_ctx, hp.n_head_kv, hp.head_dim))
 
 
 def kv_cache_bytes(hp, n_ctx: int) -> int:
     """Bytes of the K and V caches, for the budget check before they exist."""
-    return 2 * 2 * int(np.prod(kv_cache_shape(hp, n_ctx)))
+    return 4 * sum(int(np.prod(s)) for s in kv_cache_shapes(hp, n_ctx))
 
 
 class Model:
@@ -66,9 +78,9 @@ class Model:
         self.gm, self.hp, self.experts = gm, gm.hp, experts
         hp = self.hp
         self.n_ctx = n_ctx
-        shape = kv_cache_shape(hp, n_ctx)
-        self.k_cache = np.zeros(shape, dtype=np.uint16)
-        self.v_cache = np.zeros(shape, dtype=np.uint16)
+        k_shape, v_shape = kv_cache_shapes(hp, n_ctx)
+        self.k_cache = np.zeros(k_shape, dtype=np.float32)
+        self.v_cache = np.zeros(v_shape, dtype=np.float32)
         self.n_past = 0
         self.on_moe: Callable[[MoETrace], None] | None = None
         self._w = {name: (t.data, int(t.qtype)) for name, t in gm.tensors.items() if "_exps." not in name}
@@ -110,12 +122,10 @@ class Model:
             q = ops.rms_norm_heads(q, self._vec(b + "attn_q_norm.weight"), hp.rms_eps)
             k = ops.rms_norm_heads(k, self._vec(b + "attn_k_norm.weight"), hp.rms_eps)
             q, k = ops.rope_neox(q, cos, sin), ops.rope_neox(k, cos, sin)
-            self.k_cache[il, p0:p0 + n] = ops.to_f16_bits(k)
-            self.v_cache[il, p0:p0 + n] = ops.to_f16_bits(v)
-            q16 = q.astype(np.float16).astype(np.float32)
-            p = ops.attention_probs(q16, self.k_cache[il], p0, ops.F16_TO_F32, scale)
-            p16 = p.astype(np.float16).astype(np.float32)
-            attn = ops.attention_values(p16, self.v_cache[il, :p0 + n], ops.F16_TO_F32)
+            self.k_cache[il, :, :, p0:p0 + n] = ops.round_f16(k).transpose(1, 2, 0)
+            self.v_cache[il, p0:p0 + n] = ops.round_f16(v)
+            p = ops.attention_probs(ops.round_f16(q), self.k_cache[il], p0, scale)
+            attn = ops.attention_values(ops.round_f16(p), self.v_cache[il, :p0 + n])
             x = x + self._mm(b + "attn_output.weight", attn)
 
             # routed experts
@@ -139,11 +149,14 @@ class Model:
         selected, weights = self.route(il, h)
         experts = list(dict.fromkeys(selected.ravel().tolist()))  # first-use order
         views = self.experts.fetch(il, experts)
-        a = Activation(h)
+        # (row, slot) pairs grouped by expert in first-use order, row-major within one
+        rank = np.empty(self.hp.n_expert, dtype=np.int64)
+        rank[experts] = np.arange(len(experts))
+        ranks = rank[selected.ravel()]
+        rows, slots = np.divmod(np.argsort(ranks, kind="stable"), selected.shape[1])
+        rows_of = np.split(rows, np.cumsum(np.bincount(ranks, minlength=len(experts)))[:-1])
         y = np.zeros((*selected.shape, h.shape[1]), dtype=np.float32)
-        for e in experts:
-            rows, slots = np.nonzero(selected == e)
-            y[rows, slots] = expert_ffn(*views[e], self.expert_types(il), a.rows(rows))
+        y[rows, slots] = experts_ffn([views[e] for e in experts], self.expert_types(il), Activation(h), rows_of)
         self.experts.release(il)
         # weight each expert's output, then add them in selection order (as ggml does)
         y *= weights[:, :, None]

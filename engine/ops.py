@@ -1,4 +1,4 @@
-"""Non-matmul ops of the forward pass: RMSNorm, NEOX RoPE, attention over the F16 KV cache,
+"""Non-matmul ops of the forward pass: RMSNorm, NEOX RoPE, attention over the KV cache,
 softmax and SwiGLU. Numba kernels parallel over independent outputs only, so the thread
 count cannot change a bit; float32 arithmetic written out as ggml's CPU backend does it.
 """
@@ -8,20 +8,21 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-F16_TO_F32 = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
+_U = np.uint64   # an index numba does not wrap around (see engine/kernels.py)
 
 
-def to_f16_bits(x: np.ndarray) -> np.ndarray:
-    """float32 -> IEEE half bit patterns (round to nearest even), as ggml stores F16."""
-    return np.asarray(x, dtype=np.float32).astype(np.float16).view(np.uint16)
+def round_f16(x: np.ndarray) -> np.ndarray:
+    """float32 -> the nearest IEEE half (round to nearest even, as ggml stores F16), as float32."""
+    return np.asarray(x, dtype=np.float32).astype(np.float16).astype(np.float32)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True)
 def rms_norm(x, w, eps):
-    """y = x / sqrt(mean(x^2) + eps) * w per row; the sum of squares in double (ggml)."""
+    """y = x / sqrt(mean(x^2) + eps) * w per row; the sum of squares in double (ggml).
+    Serial: a row is microseconds of work, less than waking a second thread."""
     n, k = x.shape
     y = np.empty_like(x)
-    for i in prange(n):
+    for i in range(n):
         s = 0.0
         for j in range(k):
             s += np.float64(x[i, j]) * np.float64(x[i, j])
@@ -32,12 +33,12 @@ def rms_norm(x, w, eps):
     return y
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True)
 def rms_norm_heads(x, w, eps):
-    """rms_norm over the last axis of (n, heads, D)."""
+    """rms_norm over the last axis of (n, heads, D) (serial, as rms_norm)."""
     n, H, D = x.shape
     y = np.empty_like(x)
-    for t in prange(n * H):
+    for t in range(n * H):
         i, h = t // H, t % H
         s = 0.0
         for j in range(D):
@@ -75,45 +76,50 @@ def rope_neox(x, cos, sin):
 
 
 @njit(cache=True, parallel=True)
-def attention_probs(q16, k_cache, pos0, lut, scale):
+def attention_probs(q16, k_t, pos0, scale):
     """Softmax(q.k^T * scale + causal mask) for query rows at positions pos0.. over the cache.
 
-    q16 (n, H, D) float32 holding f16 values; k_cache (ctx, Hkv, D) uint16 f16 bits.
-    Dots accumulate in double (ggml_vec_dot_f16 generic), softmax as ggml_soft_max.
-    Returns (n, H, n_kv) float32 with zeros where masked.
+    q16 (n, H, D) and the K cache k_t (Hkv, D, ctx) hold f16 values as float32; k_t is
+    transposed so that the dots with consecutive keys are consecutive lanes. Each dot
+    accumulates d = 0..D-1 in double (ggml_vec_dot_f16 generic; an f16 x f16 product is
+    exact in float), softmax as ggml_soft_max. Returns (n, H, n_kv) float32, zero where masked.
     """
     n, H, D = q16.shape
-    Hkv = k_cache.shape[1]
+    Hkv = k_t.shape[0]
     group = H // Hkv
     n_kv = pos0 + n
     p = np.zeros((n, H, n_kv), dtype=np.float32)
     for t in prange(n * H):
         i, h = t // H, t % H
         kv = h // group
-        last = pos0 + i  # causal: keys 0..last
+        keys = pos0 + i + 1  # causal: keys 0..pos0+i
+        s = np.zeros(keys, dtype=np.float64)
+        for d in range(D):
+            qd = np.float64(q16[i, h, d])
+            kd = k_t[kv, d]
+            for j in range(keys):   # one chain per key: vectorized across keys
+                s[_U(j)] += qd * np.float64(kd[_U(j)])
         mx = np.float32(-np.inf)
-        for j in range(last + 1):
-            s = 0.0
-            for d in range(D):
-                s += np.float64(q16[i, h, d]) * np.float64(lut[k_cache[j, kv, d]])
-            v = np.float32(np.float32(s) * scale)
+        for j in range(keys):
+            v = np.float32(np.float32(s[j]) * scale)
             p[i, h, j] = v
             if v > mx:
                 mx = v
         tot = 0.0
-        for j in range(last + 1):
+        for j in range(keys):
             e = np.float32(np.exp(np.float64(p[i, h, j] - mx)))  # correctly rounded expf
             p[i, h, j] = e
             tot += np.float64(e)
         inv = np.float32(1.0 / tot)
-        for j in range(last + 1):
+        for j in range(keys):
             p[i, h, j] = p[i, h, j] * inv
     return p
 
 
 @njit(cache=True, parallel=True)
-def attention_values(p16, v_cache, lut):
-    """out (n, H*D) = p16 @ V per head; p16 holds f16-rounded probabilities, V is f16 bits."""
+def attention_values(p16, v_cache):
+    """out (n, H*D) = p16 @ V per head; p16 holds f16-rounded probabilities, the V cache
+    (ctx, Hkv, D) f16 values as float32. Each output sums j = 0..n_kv-1 in double."""
     n, H, n_kv = p16.shape
     Hkv, D = v_cache.shape[1], v_cache.shape[2]
     group = H // Hkv
@@ -121,11 +127,14 @@ def attention_values(p16, v_cache, lut):
     for t in prange(n * H):
         i, h = t // H, t % H
         kv = h // group
+        s = np.zeros(D, dtype=np.float64)
+        for j in range(n_kv):
+            pj = np.float64(p16[i, h, j])
+            vj = v_cache[j, kv]
+            for d in range(D):   # one chain per output: vectorized across outputs
+                s[_U(d)] += pj * np.float64(vj[_U(d)])
         for d in range(D):
-            s = 0.0
-            for j in range(n_kv):
-                s += np.float64(p16[i, h, j]) * np.float64(lut[v_cache[j, kv, d]])
-            out[i, h * D + d] = np.float32(s)
+            out[i, h * D + d] = np.float32(s[d])
     return out
 
 

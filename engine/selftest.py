@@ -18,7 +18,7 @@ import numpy as np
 from .dumps import write_atomic
 from .gguf_model import ModelError
 from .kernels import Activation
-from .model import expert_ffn
+from .model import experts_ffn
 
 SELFTEST_MAGIC = b"EPMS"
 SELFTEST_VERSION = 1
@@ -60,7 +60,7 @@ def run_selftest(engine, spec: str) -> dict:
             digest.update(np.ascontiguousarray(part).data)
         sha = digest.digest()
         x = selftest_inputs(layer, expert, n, hp.n_embd)
-        y = expert_ffn(g, u, d, engine.model.expert_types(layer), Activation(x))
+        y = experts_ffn([(g, u, d)], engine.model.expert_types(layer), Activation(x), [np.arange(n)])
     finally:
         pager.release(layer)
     data = (SELFTEST_MAGIC + struct.pack("<5I", SELFTEST_VERSION, layer, expert, n, hp.n_embd) + sha

@@ -23,8 +23,8 @@ def test_kernel_catches_wrong_q6k_scale(tmp_path, tiny_model):
     cmd = broken_engine(tmp_path, """
         import engine.kernels as K
         good = K.matmul_kquant
-        K.matmul_kquant = lambda w, qtype, d, qs, bsums: (good(w, qtype, d, qs, bsums)
-                                                          * np.float32(1.002 if qtype == K.Q6_K else 1.0))
+        K.matmul_kquant = lambda ptrs, n_rows, row_bytes, qtype, *rest: (
+            good(ptrs, n_rows, row_bytes, qtype, *rest) * np.float32(1.002 if qtype == K.Q6_K else 1.0))
     """)
     rc, rep = run_check(tmp_path, tiny_model, cmd, "--suites", "kernel",
                         "--set", "kernel.pairs=[[0, 0], [1, 7]]")

@@ -332,17 +332,47 @@ def test_thread_count_determinism(qtype):
 
 
 def test_activation_quantized_once_serves_every_matrix_and_row_subset():
-    """The forward quantizes a layer's input once for q/k/v and an MoE input once for all
-    experts, taking row subsets of it: the same bits as quantizing those rows afresh."""
+    """The forward quantizes a layer's input once for q/k/v, and an MoE input once for all
+    experts, each expert taking its subset of the rows: the same bits as multiplying those
+    rows alone."""
     rng = np.random.default_rng(40)
     x = _activations(rng, 6, 512)
     a = K.Activation(x)
-    idx = np.array([4, 1, 1, 5])
+    rows_of = [np.array([4, 1, 1, 5]), np.array([], dtype=np.int64), np.array([0, 2, 3]), np.array([5])]
     for qtype in ALL_MM:
-        w = rand_weights(rng, qtype, 24, 512)
-        assert np.array_equal(_bits(K.matmul(w, qtype, a)), _bits(K.matmul(w, qtype, x)))
-        sub = a.rows(idx)
-        assert np.array_equal(_bits(K.matmul(w, qtype, sub)), _bits(K.matmul(w, qtype, x[idx])))
+        ws = [rand_weights(rng, qtype, 24, 512) for _ in rows_of]
+        assert np.array_equal(_bits(K.matmul(ws[0], qtype, a)), _bits(K.matmul(ws[0], qtype, x)))
+        got = K.matmul_rows(ws, qtype, a, rows_of)
+        want = np.concatenate([K.matmul(w, qtype, x[r]) if len(r) else np.zeros((0, 24), np.float32)
+                               for w, r in zip(ws, rows_of)])
+        assert got.shape == (8, 24) and np.array_equal(_bits(got), _bits(want))
+
+
+# ----------------------------------------------------------------- pinned to the previous kernels
+
+@pytest.mark.parametrize("qtype", ALL_MM)
+@pytest.mark.parametrize("finite_any", [False, True])
+def test_kernels_are_bit_identical_to_the_pinned_kernels(qtype, finite_any):
+    """The kernels rewritten for speed give the bits of the kernels before the rewrite
+    (tests/pinned_kernels.py) on random weights of every type -- any finite f16 scale too --
+    and odd shapes: row counts around the 16-row work items, one to 13 activation rows,
+    1 to 9 blocks, at 1 and 2 threads."""
+    import pinned_kernels as OLD
+    rng = np.random.default_rng(60 + int(qtype) + 100 * finite_any)
+    bs = 1 if qtype == T.F32 else BPB[qtype][0]
+    old_threads = K.get_threads()
+    try:
+        for rows, blocks, n in ((1, 1, 1), (7, 3, 2), (17, 2, 13), (33, 9, 1), (16, 1, 5), (48, 4, 3)):
+            k = blocks * max(bs, 32)
+            w = rand_weights(rng, qtype, rows, k, finite_any=finite_any)
+            x = _activations(rng, n, k)
+            want = OLD.matmul(w, qtype, OLD.Activation(x))
+            for t in (1, min(2, K.numba.config.NUMBA_NUM_THREADS)):
+                K.set_threads(t)
+                got = K.matmul(w, qtype, x)
+                assert np.array_equal(_bits(got), _bits(want)), (rows, k, n, t)
+    finally:
+        K.set_threads(old_threads)
 
 
 def test_bad_shapes_and_types_are_value_errors():

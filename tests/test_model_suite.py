@@ -63,11 +63,11 @@ def test_kv_cache_row_written_late_in_a_micro_batch_boundary(tmp_path, tiny_mode
     st, msg = model_results(tmp_path, tiny_model, """
         import engine.ops as O
         good = O.attention_probs
-        def attention_probs(q16, k_cache, pos0, lut, scale):
+        def attention_probs(q16, k_t, pos0, scale):     # k_t: (kv head, dim, position)
             if pos0 >= 64:
-                k_cache = k_cache.copy()
-                k_cache[0] = k_cache[1]
-            return good(q16, k_cache, pos0, lut, scale)
+                k_t = k_t.copy()
+                k_t[:, :, 0] = k_t[:, :, 1]
+            return good(q16, k_t, pos0, scale)
         O.attention_probs = attention_probs
     """)
     assert st["prompt positions"] == "fail"

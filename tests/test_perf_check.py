@@ -362,8 +362,9 @@ def test_golden_update_with_timing_on_a_busy_machine_warns_and_records_it(tmp_pa
 def test_golden_update_refuses_when_a_correctness_check_fails(tmp_path, tiny_model, built_engine, capsys):
     cmd = wrapper(tmp_path, """
         import engine.kernels as K
-        good = K.matmul
-        K.matmul = lambda w, qtype, a: good(w, qtype, a) * np.float32(1.002 if qtype == K.Q6_K else 1.0)
+        good = K.matmul_rows
+        K.matmul_rows = lambda ws, qtype, a, rows_of: (good(ws, qtype, a, rows_of)
+                                                       * np.float32(1.002 if qtype == K.Q6_K else 1.0))
     """)
     gdir = tmp_path / "golden"
     rc = epmci_main(["golden", "update", "-q", "--no-build", "--model", str(tiny_model), "--profile", PROFILE,
