@@ -1,5 +1,5 @@
-"""Load a qwen3moe GGUF for the engine: hyperparameters and vocabulary from metadata,
-tensors as views.
+"""Load a qwen3moe or qwen35moe GGUF for the engine: hyperparameters and vocabulary from
+metadata, tensors as views.
 
 A file the engine cannot use is a ModelError naming the file and the problem (the CLI's one
 line, exit 2), raised before anything large is read: gguf-py's parse errors, metadata strings
@@ -29,12 +29,36 @@ from .qtypes import QTYPES
 from .tokenizer import Tokenizer
 
 ARCH = "qwen3moe"
+QWEN35 = "qwen35moe"   # Gated DeltaNet + gated attention layers, a shared expert (engine/qwen35moe.py)
+ARCHS = (ARCH, QWEN35)
 SUPPORTED = {Q(t) for t in QTYPES}
 EXPERT_PARTS = ("gate", "up", "down")
 
 
 class ModelError(Exception):
     """The model file cannot be used. The CLI prints `path: problem` and exits 2."""
+
+
+@dataclass(frozen=True)
+class SsmParams:
+    """qwen35moe's Gated DeltaNet (the ssm.* keys; ssm.inner_size = state_size * time_step_rank)."""
+    conv_kernel: int      # Kc: taps of the causal conv1d
+    state_size: int       # ds: head dim of the delta net's q, k and v
+    group_count: int      # G: q/k heads
+    time_step_rank: int   # V: value heads
+
+    @property
+    def key_dim(self) -> int:
+        return self.state_size * self.group_count
+
+    @property
+    def value_dim(self) -> int:
+        return self.state_size * self.time_step_rank
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the conv: q, k and v."""
+        return 2 * self.key_dim + self.value_dim
 
 
 @dataclass(frozen=True)
@@ -51,6 +75,15 @@ class HParams:
     rms_eps: float
     rope_base: float
     n_vocab: int
+    arch: str = ARCH
+    rope_dim: int = 0                      # rotated dims per head (qwen3moe: head_dim)
+    rope_sections: tuple[int, ...] = ()    # qwen35moe's multi-section RoPE
+    n_ff_shexp: int = 0                    # shared expert FFN (qwen35moe); 0: none
+    recurrent: tuple[bool, ...] = ()       # per layer: Gated DeltaNet (qwen35moe), else attention
+    ssm: SsmParams | None = None
+
+    def is_recurrent(self, il: int) -> bool:
+        return bool(self.recurrent) and self.recurrent[il]
 
 
 @dataclass(frozen=True)
@@ -88,8 +121,8 @@ class GGUFModel:
             raise ModelError(f"{self.path}: corrupt or truncated GGUF ({type(e).__name__}: {e})") from None
         self._check_strings()
         arch = self._meta("general.architecture", None)
-        if arch != ARCH:
-            raise ModelError(f"{self.path}: unsupported architecture {arch!r} (engine runs {ARCH})")
+        if arch not in ARCHS:
+            raise ModelError(f"{self.path}: unsupported architecture {arch!r} (engine runs {', '.join(ARCHS)})")
         for t in self.reader.tensors:   # before the layout: the clearer word for a retyped tensor
             if Q(t.tensor_type) not in SUPPORTED:
                 raise ModelError(f"{self.path}: tensor {t.name} has unsupported type {Q(t.tensor_type).name}")
@@ -105,7 +138,7 @@ class GGUFModel:
             else:
                 data = np.asarray(t.data).view(np.uint8).reshape(*rows, shape[0] // block * bsize)
             self.tensors[t.name] = Tensor(t.name, qtype, shape, int(t.data_offset), data)
-        self.hp = self._hparams()
+        self.hp = self._hparams(arch)
         self._check_shapes()
         self.tokenizer = self._tokenizer()
 
@@ -155,8 +188,8 @@ class GGUFModel:
             raise ModelError(f"{self.path}: metadata {key} must be a positive {kind.__name__}, got {v!r}")
         return x
 
-    def _hparams(self) -> HParams:
-        p = ARCH + "."
+    def _hparams(self, arch: str) -> HParams:
+        p = arch + "."
         n_embd = self._meta_positive(p + "embedding_length", int)
         n_head = self._meta_positive(p + "attention.head_count", int)
         hp = HParams(
@@ -172,12 +205,48 @@ class GGUFModel:
             rms_eps=self._meta_positive(p + "attention.layer_norm_rms_epsilon", float),
             rope_base=self._meta_positive(p + "rope.freq_base", float, 10000.0),
             n_vocab=self.tensor("token_embd.weight").shape[1],
+            arch=arch,
         )
         if not 0 < hp.n_expert_used <= hp.n_expert:
             raise ModelError(f"{self.path}: bad expert counts ({hp.n_expert_used} of {hp.n_expert})")
         if hp.n_head % hp.n_head_kv:
             raise ModelError(f"{self.path}: head_count not a multiple of head_count_kv")
-        return hp
+        hp = replace(hp, rope_dim=hp.head_dim)
+        return self._qwen35_hparams(hp) if arch == QWEN35 else hp
+
+    def _qwen35_hparams(self, hp: HParams) -> HParams:
+        """The ssm.* keys, partial multi-section RoPE, the shared expert's FFN and the layer
+        kinds, as llama.cpp's llama_model_qwen35moe::load_arch_hparams reads them."""
+        p = QWEN35 + "."
+        ssm = SsmParams(*(self._meta_positive(p + "ssm." + k, int)
+                          for k in ("conv_kernel", "state_size", "group_count", "time_step_rank")))
+        inner = self._meta_positive(p + "ssm.inner_size", int)
+        if inner != ssm.value_dim:
+            raise ModelError(f"{self.path}: {p}ssm.inner_size {inner} is not ssm.state_size x "
+                             f"ssm.time_step_rank = {ssm.value_dim}")
+        if ssm.time_step_rank % ssm.group_count:
+            raise ModelError(f"{self.path}: {p}ssm.time_step_rank not a multiple of ssm.group_count")
+        D = hp.head_dim
+        rope_dim = self._meta_positive(p + "rope.dimension_count", int, D)
+        sections = tuple(int(v) for v in np.atleast_1d(self._meta(p + "rope.dimension_sections")))
+        sections = sections * 4 if len(sections) == 1 else sections   # a scalar is replicated
+        if rope_dim % 2 or rope_dim > D or len(sections) != 4 or min(sections) < 0 or sum(sections) > D:
+            raise ModelError(f"{self.path}: rope.dimension_count {rope_dim} / rope.dimension_sections "
+                             f"{list(sections)} do not fit head dim {D}")
+        n_mtp = self._meta(p + "nextn_predict_layers", 0)   # MTP blocks come last and are not run
+        if not isinstance(n_mtp, int) or not 0 <= n_mtp < hp.n_layer:
+            raise ModelError(f"{self.path}: {p}nextn_predict_layers {n_mtp!r} leaves no layer of {hp.n_layer}")
+        recurrent = self._meta(p + "attention.recurrent_layers", None)
+        if recurrent is None:
+            interval = self._meta_positive(p + "full_attention_interval", int, 4)
+            recurrent = [(i + 1) % interval != 0 for i in range(hp.n_layer)]
+        recurrent = np.atleast_1d(recurrent)
+        if len(recurrent) != hp.n_layer:
+            raise ModelError(f"{self.path}: {p}attention.recurrent_layers has {len(recurrent)} entries, "
+                             f"expected {hp.n_layer}")
+        return replace(hp, n_layer=hp.n_layer - n_mtp, rope_dim=rope_dim, rope_sections=sections, ssm=ssm,
+                       n_ff_shexp=self._meta_positive(p + "expert_shared_feed_forward_length", int),
+                       recurrent=tuple(bool(v) for v in recurrent[:hp.n_layer - n_mtp]))
 
     def tensor(self, name: str) -> Tensor:
         if name not in self.tensors:
@@ -187,27 +256,56 @@ class GGUFModel:
     def _check_shapes(self) -> None:
         hp = self.hp
         E, D, X, F = hp.n_embd, hp.head_dim, hp.n_expert, hp.n_ff_exp
+        q35 = hp.arch == QWEN35
         want = {"token_embd.weight": (E, hp.n_vocab), "output_norm.weight": (E,)}
         if "output.weight" in self.tensors:
             want["output.weight"] = (E, hp.n_vocab)
         for i in range(hp.n_layer):
             b = f"blk.{i}."
+            want[b + "attn_norm.weight"] = (E,)
+            if hp.is_recurrent(i):
+                s = hp.ssm
+                want.update({
+                    b + "attn_qkv.weight": (E, s.conv_dim), b + "attn_gate.weight": (E, s.value_dim),
+                    b + "ssm_conv1d.weight": (s.conv_kernel, s.conv_dim), b + "ssm_dt.bias": (s.time_step_rank,),
+                    b + "ssm_a": (s.time_step_rank,), b + "ssm_beta.weight": (E, s.time_step_rank),
+                    b + "ssm_alpha.weight": (E, s.time_step_rank), b + "ssm_norm.weight": (s.state_size,),
+                    b + "ssm_out.weight": (s.value_dim, E),
+                })
+            else:   # qwen35moe's attn_q holds a query and a gate per head
+                want.update({
+                    b + "attn_q.weight": (E, (2 if q35 else 1) * hp.n_head * D),
+                    b + "attn_k.weight": (E, hp.n_head_kv * D), b + "attn_v.weight": (E, hp.n_head_kv * D),
+                    b + "attn_output.weight": (hp.n_head * D, E), b + "attn_q_norm.weight": (D,),
+                    b + "attn_k_norm.weight": (D,),
+                })
             want.update({
-                b + "attn_norm.weight": (E,), b + "attn_q.weight": (E, hp.n_head * D),
-                b + "attn_k.weight": (E, hp.n_head_kv * D), b + "attn_v.weight": (E, hp.n_head_kv * D),
-                b + "attn_output.weight": (hp.n_head * D, E), b + "attn_q_norm.weight": (D,),
-                b + "attn_k_norm.weight": (D,), b + "ffn_norm.weight": (E,),
+                self.ffn_norm_name(i): (E,),
                 b + "ffn_gate_inp.weight": (E, X), b + "ffn_gate_exps.weight": (E, F, X),
                 b + "ffn_up_exps.weight": (E, F, X), b + "ffn_down_exps.weight": (F, E, X),
             })
+            if q35:
+                Fs = hp.n_ff_shexp
+                want.update({
+                    b + "ffn_gate_inp_shexp.weight": (E,), b + "ffn_gate_shexp.weight": (E, Fs),
+                    b + "ffn_up_shexp.weight": (E, Fs), b + "ffn_down_shexp.weight": (Fs, E),
+                })
         for name, shape in want.items():
             got = self.tensor(name).shape
             if got != shape:
                 raise ModelError(f"{self.path}: tensor {name} has shape {list(got)}, expected {list(shape)}")
-        for name in ("ffn_gate_inp",):
-            for i in range(hp.n_layer):
-                if self.tensor(f"blk.{i}.{name}.weight").qtype != Q.F32:
-                    raise ModelError(f"{self.path}: blk.{i}.{name}.weight must be F32")
+        # the router in F32 (as llama.cpp keeps it); qwen35moe's norms, conv and decay
+        # parameters too (llama.cpp's graph aborts on anything else)
+        f32 = ("ffn_gate_inp.weight",) + (("norm.weight", ".ssm_a", "ssm_dt.bias", "ssm_conv1d.weight",
+                                           "ffn_gate_inp_shexp.weight") if q35 else ())
+        for name in want:
+            if name.endswith(f32) and self.tensor(name).qtype != Q.F32:
+                raise ModelError(f"{self.path}: {name} must be F32")
+
+    def ffn_norm_name(self, il: int) -> str:
+        """The MoE's input norm (qwen35moe calls it post_attention_norm: HF's
+        post_attention_layernorm, applied to the residual stream after the mixer)."""
+        return f"blk.{il}." + ("post_attention_norm.weight" if self.hp.arch == QWEN35 else "ffn_norm.weight")
 
     def _tokenizer(self) -> Tokenizer:
         try:

@@ -12,10 +12,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import kernels
-from .gguf_model import GGUFModel
+from .gguf_model import ARCH, QWEN35, GGUFModel
 from .model import ExpertStore, Model, ResidentExperts, kv_cache_bytes
 from .paging.config import PagerConfig
+from .qwen35moe import Qwen35Model, state_bytes
 from .stats import PhaseStats, phase_counters
+
+# The forward pass of each architecture, and the bytes it keeps between micro-batches
+# (KV cache; qwen35moe: attention layers only, plus the delta nets' state).
+FORWARDS = {ARCH: (Model, kv_cache_bytes), QWEN35: (Qwen35Model, state_bytes)}
 
 CHAT_TEMPLATE = "<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
 
@@ -43,11 +48,12 @@ class Engine:
                                  n_ctx=self.options.n_ctx)
         else:
             self.experts = ResidentExperts(self.gm)
+        forward, cache_bytes = FORWARDS[self.gm.hp.arch]
         try:
             if self.options.pager:   # before anything large is read or allocated
-                self.experts.check_budget(kv_cache_bytes(self.gm.hp, self.options.n_ctx))
+                self.experts.check_budget(cache_bytes(self.gm.hp, self.options.n_ctx))
             self.gm.load_resident()
-            self.model = Model(self.gm, self.experts, self.options.n_ctx)
+            self.model: Model = forward(self.gm, self.experts, self.options.n_ctx)
         except BaseException:
             self.close()   # stop the pager's reader threads
             raise
@@ -85,8 +91,14 @@ class Engine:
         stats.counters = phase_counters(stats.counters, before, self.experts.counters(), stats.tokens)
 
     def on_moe(self, fn) -> None:
-        """Call fn(MoETrace) after every layer's MoE (per micro-batch)."""
+        """Call fn(MoETrace) after every layer's MoE (per micro-batch; qwen35moe: a
+        Qwen35Trace, with the shared expert's output)."""
         self.model.on_moe = fn
+
+    def on_state(self, fn) -> None:
+        """Call fn(StateTrace) after every delta-net layer (per micro-batch); qwen3moe has none."""
+        if isinstance(self.model, Qwen35Model):
+            self.model.on_state = fn
 
     # ------------------------------------------------------------ generation
 

@@ -1,9 +1,10 @@
 """Layer-ahead prefetch: predict a later layer's experts and queue their reads.
 
 At the start of layer L (before its attention), the hidden state x is normed with layer
-T's ffn_norm and run through layer T's router, T = L + SDQ_PREFETCH_LAYER_AHEAD (1: the
-next layer; 0: layer L itself, overlapping its attention). The top-k experts of every row,
-in first-use order, are the prediction.
+T's MoE input norm (ffn_norm; qwen35moe: post_attention_norm) and run through layer T's
+router, T = L + SDQ_PREFETCH_LAYER_AHEAD (1: the next layer; 0: layer L itself,
+overlapping its attention). The top-k experts of every row, in first-use order, are the
+prediction.
 
 The queue is logical, so prefetch counters do not depend on I/O timing:
 
@@ -40,7 +41,7 @@ class Predictor:
         self.k, self.eps = gm.hp.n_expert_used, gm.hp.rms_eps
 
     def predict(self, layer: int, x: np.ndarray) -> list[int]:
-        norm = self.gm.layer(layer, "ffn_norm").data
+        norm = self.gm.tensor(self.gm.ffn_norm_name(layer)).data
         h = ops.rms_norm(np.ascontiguousarray(x, dtype=np.float32), norm, self.eps)
         router = self.gm.layer(layer, "ffn_gate_inp")
         logits = K.matmul(router.data, router.qtype, h)
