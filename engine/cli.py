@@ -13,7 +13,7 @@ import os
 import sys
 
 
-from .dumps import MoEDumpWriter, write_atomic, write_logits
+from .dumps import MoEDumpWriter, StateDumpWriter, write_atomic, write_logits
 from .gguf_model import ModelError
 
 
@@ -67,6 +67,9 @@ def run(a: argparse.Namespace) -> int:
         dump = MoEDumpWriter(os.environ["SDQ_MOE_DUMP"]) if os.environ.get("SDQ_MOE_DUMP") else None
         if dump:
             engine.on_moe(dump.write)
+        state_dump = StateDumpWriter(os.environ["SDQ_STATE_DUMP"]) if os.environ.get("SDQ_STATE_DUMP") else None
+        if state_dump:
+            engine.on_state(state_dump.write)
         tokens = engine.encode_prompt(a.prompt, chat=not a.no_chat)
         if not tokens:
             raise ModelError("empty prompt")
@@ -83,8 +86,9 @@ def run(a: argparse.Namespace) -> int:
         except ValueError as e:
             raise ModelError(str(e)) from None
         sys.stdout.write(utf8.decode(b"", final=True) + "\n")
-        if dump:
-            dump.close()
+        for d in (dump, state_dump):
+            if d:
+                d.close()
         if a.dump_logits:
             write_logits(a.logits_out, logits)
         records = engine.stats_records()

@@ -1,4 +1,5 @@
-"""Binary outputs of the contract (docs/engine-contract.md): logits and MoE dumps.
+"""Binary outputs of the contract (docs/engine-contract.md): logits, MoE dumps and
+delta-net state dumps.
 
 All little-endian. Files are written to a temp name and renamed, so a reader never sees
 half a file from a crashed run.
@@ -13,9 +14,13 @@ from pathlib import Path
 
 import numpy as np
 
-MOE_DUMP_MAGIC = b"EPMD"
-MOE_DUMP_VERSION = 1
+from .qwen35moe import Qwen35Trace
 
+MOE_DUMP_MAGIC = b"EPMD"
+MOE_DUMP_VERSION = 1          # routed experts only
+MOE_DUMP_VERSION_SHARED = 2   # + the gated shared expert's output (qwen35moe)
+STATE_DUMP_MAGIC = b"EPMR"
+STATE_DUMP_VERSION = 1
 
 def write_atomic(path: str | os.PathLike, data: bytes) -> None:
     path = Path(path)
@@ -35,28 +40,51 @@ def write_logits(path: str | os.PathLike, logits: np.ndarray) -> None:
     write_atomic(path, struct.pack("<i", logits.shape[1]) + logits.tobytes())
 
 
-class MoEDumpWriter:
-    """SDQ_MOE_DUMP=PREFIX: PREFIX.L gets one record per micro-batch of layer L.
-
-    Written to PREFIX.L.tmp and renamed on close, so a crash leaves no complete-looking dump.
-    """
+class LayerFiles:
+    """One dump file per layer, PREFIX.L, written as PREFIX.L.tmp and renamed on close, so
+    a crash leaves no complete-looking dump."""
 
     def __init__(self, prefix: str):
         self.prefix = prefix
         self.files: dict[int, object] = {}
 
-    def write(self, t) -> None:
-        f = self.files.get(t.layer)
+    def file(self, layer: int):
+        f = self.files.get(layer)
         if f is None:
-            f = self.files[t.layer] = open(f"{self.prefix}.{t.layer}.tmp", "wb")
-        n, e = t.h.shape
-        k = t.selected.shape[1]
-        f.write(MOE_DUMP_MAGIC + struct.pack("<5I", MOE_DUMP_VERSION, t.layer, n, e, k))
-        for a, dt in ((t.h, "<f4"), (t.selected, "<i4"), (t.weights, "<f4"), (t.out, "<f4")):
-            f.write(np.ascontiguousarray(a, dtype=dt).tobytes())
+            f = self.files[layer] = open(f"{self.prefix}.{layer}.tmp", "wb")
+        return f
 
     def close(self) -> None:
         for layer, f in self.files.items():
             f.close()
             os.replace(f"{self.prefix}.{layer}.tmp", f"{self.prefix}.{layer}")
         self.files.clear()
+
+
+class MoEDumpWriter(LayerFiles):
+    """SDQ_MOE_DUMP=PREFIX: PREFIX.L gets one record per micro-batch of layer L (version 2,
+    with the shared expert's output, for a model that has one)."""
+
+    def write(self, t) -> None:
+        f = self.file(t.layer)
+        n, e = t.h.shape
+        k = t.selected.shape[1]
+        shared = t.shared if isinstance(t, Qwen35Trace) else None
+        version = MOE_DUMP_VERSION if shared is None else MOE_DUMP_VERSION_SHARED
+        f.write(MOE_DUMP_MAGIC + struct.pack("<5I", version, t.layer, n, e, k))
+        fields = ((t.h, "<f4"), (t.selected, "<i4"), (t.weights, "<f4"), (t.out, "<f4"))
+        for a, dt in fields + (() if shared is None else ((shared, "<f4"),)):
+            f.write(np.ascontiguousarray(a, dtype=dt).tobytes())
+
+
+class StateDumpWriter(LayerFiles):
+    """SDQ_STATE_DUMP=PREFIX: PREFIX.L gets, for every delta-net layer L, one record per
+    micro-batch: the layer's state after the micro-batch's last row."""
+
+    def write(self, t) -> None:
+        c, w = t.conv.shape
+        v, ds, _ = t.ssm.shape
+        self.file(t.layer).write(STATE_DUMP_MAGIC + struct.pack("<8I", STATE_DUMP_VERSION, t.layer, t.pos0,
+                                                                   t.n_rows, c, w, v, ds)
+                                 + np.ascontiguousarray(t.conv, dtype="<f4").tobytes()
+                                 + np.ascontiguousarray(t.ssm, dtype="<f4").tobytes())

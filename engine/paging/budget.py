@@ -24,6 +24,10 @@ def work_buffer_bytes(gm: GGUFModel, batch: int, n_ctx: int) -> int:
                    + hp.n_ff_exp * 8                     # gate, up, swiglu per row
                    + hp.n_expert * 4                     # router
                    + hp.n_vocab * 3)                     # the micro-batch's logits
+    if hp.ssm is not None:   # qwen35moe: delta-net projections, conv and heads; attn_q's gates; shared expert
+        s = hp.ssm
+        per_row += 4 * (s.conv_dim * 4 + s.value_dim * 8 + hp.n_head * hp.head_dim * 4
+                        + hp.n_ff_shexp * 8 + hp.n_embd * 3)
     kept_logits = 2 * n_ctx * hp.n_vocab * 4             # every position's logits, + concatenation
     return b * per_row + kept_logits
 

@@ -18,7 +18,7 @@ from ..contract.runspec import RunSpec
 from ..gguf.facts import ModelFacts
 from ..gguf.file import EXPERT_PARTS, ModelFile
 from ..gguf.identity import file_sha256
-from ..reference.moe import MoEResult, moe_layer
+from ..reference.moe import MoEResult, moe_layer, shared_expert
 from ..units import arena_mib
 
 T = TypeVar("T")
@@ -114,6 +114,12 @@ class CheckContext:
         h = np.ascontiguousarray(h, dtype=np.float32)
         return self.shared(("moe", layer, hashlib.sha256(h.tobytes()).hexdigest()),
                            lambda: moe_layer(self.mf, layer, h))
+
+    def reference_shared(self, layer: int, h: np.ndarray) -> np.ndarray:
+        """The reference's gated shared expert on rows h, memoized as reference_moe."""
+        h = np.ascontiguousarray(h, dtype=np.float32)
+        return self.shared(("shared", layer, hashlib.sha256(h.tobytes()).hexdigest()),
+                           lambda: shared_expert(self.mf, layer, h))
 
     def model_sha256(self) -> str:
         with self._lock:

@@ -68,16 +68,31 @@ def check_dump(ctx: CheckContext, suite: str, name: str, dump_path: Path, layer:
     if not wd.ok:
         return result(FAIL, f"{where}: routing weights differ from the reference: {wd.text(tol)}")
 
+    problems = []
     od = compare_arrays(rec.out, ref.out, tol)
     props.update(od.props("out_"))
-    if od.ok:
-        return result(PASS, f"{where}: {n} rows, routing identical, output {od.text(tol)}")
-    msg = f"{where}: MoE output differs from the reference: {od.text(tol)}"
-    if len(od.bad_rows):
-        suspects, n_used = suspect_experts(rec.selected, od.bad_rows)
-        props["suspect_experts"] = suspects
-        if suspects and len(suspects) < n_used:
-            msg += f"; every row routed to expert(s) {suspects[:16]} differs"
-        elif suspects:
-            msg += f"; all {n_used} experts used differ (a kernel or quant-type fault, not one expert)"
-    return result(FAIL, msg)
+    if not od.ok:
+        msg = f"MoE output differs from the reference: {od.text(tol)}"
+        if len(od.bad_rows):
+            suspects, n_used = suspect_experts(rec.selected, od.bad_rows)
+            props["suspect_experts"] = suspects
+            if suspects and len(suspects) < n_used:
+                msg += f"; every row routed to expert(s) {suspects[:16]} differs"
+            elif suspects:
+                msg += f"; all {n_used} experts used differ (a kernel or quant-type fault, not one expert)"
+        problems.append(msg)
+    shared = ""
+    if ctx.mf.hp.n_ff_shexp:    # the dump must carry the shared expert apart from the routed ones
+        if rec.shared is None:
+            problems.append("the MoE dump has no shared expert output (version 1 records), the model has a "
+                            "shared expert (version 2, docs/engine-contract.md)")
+        else:
+            sd = compare_arrays(rec.shared, ctx.reference_shared(layer, rec.h), tol)
+            props.update(sd.props("shared_"))
+            shared = f", shared expert {sd.text(tol)}"
+            if not sd.ok:
+                problems.append(f"shared expert output (resident, behind its sigmoid gate) differs from the "
+                                f"reference: {sd.text(tol)}")
+    if problems:
+        return result(FAIL, f"{where}: " + "; ".join(problems))
+    return result(PASS, f"{where}: {n} rows, routing identical, output {od.text(tol)}{shared}")

@@ -1,5 +1,5 @@
 """Readers of what an engine writes under docs/engine-contract.md: logits, MoE dumps,
-selftest files, stats JSONL and SLOT-ERROR lines.
+delta-net state dumps, selftest files, stats JSONL and SLOT-ERROR lines.
 
 Every reader validates sizes and headers and raises ContractError with the file and what is
 wrong; a check turns that into a failure ("unparsable output"), never a pass.
@@ -17,7 +17,9 @@ import numpy as np
 
 MOE_DUMP_MAGIC = b"EPMD"
 SELFTEST_MAGIC = b"EPMS"
+STATE_DUMP_MAGIC = b"EPMR"
 VERSION = 1
+MOE_DUMP_VERSION_SHARED = 2   # MoE dump records that carry the shared expert's output
 SLOT_ERROR_PREFIX = "[epm] SLOT-ERROR"
 # Stats fields that are timings or measurements of the process and machine (io_direct_pct
 # depends on whether the file system takes O_DIRECT, ram_need_mb on the process's RSS); every
@@ -70,7 +72,8 @@ class MoERecord:
     h: np.ndarray         # (n, n_embd) float32
     selected: np.ndarray  # (n, k) int32
     weights: np.ndarray   # (n, k) float32
-    out: np.ndarray       # (n, n_embd) float32
+    out: np.ndarray       # (n, n_embd) float32: the routed experts' weighted sum
+    shared: np.ndarray | None = None   # (n, n_embd) float32: the gated shared expert (version 2)
 
 
 @dataclass
@@ -87,12 +90,14 @@ class MoEDump:
         if not self.records:
             raise ValueError("empty dump")
         cat = lambda name: np.concatenate([getattr(r, name) for r in self.records])
-        return MoERecord(self.layer, cat("h"), cat("selected"), cat("weights"), cat("out"))
+        return MoERecord(self.layer, cat("h"), cat("selected"), cat("weights"), cat("out"),
+                         cat("shared") if self.records[0].shared is not None else None)
 
 
 def read_moe_dump(path: str | os.PathLike, layer: int | None = None,
                   n_embd: int | None = None, k: int | None = None) -> MoEDump:
-    """PREFIX.L: a sequence of records (see the contract). Checks each header against the
+    """PREFIX.L: a sequence of records (see the contract), version 1 (routed experts) or 2
+    (and the shared expert's output), all of one version. Checks each header against the
     expected layer / n_embd / k when given."""
     b = _read(path)
     recs: list[MoERecord] = []
@@ -103,14 +108,18 @@ def read_moe_dump(path: str | os.PathLike, layer: int | None = None,
         if b[pos:pos + 4] != MOE_DUMP_MAGIC:
             raise ContractError(path, f"bad magic {b[pos:pos + 4]!r} at byte {pos} (expected {MOE_DUMP_MAGIC!r})")
         version, lay, n, e, kk = struct.unpack_from("<5I", b, pos + 4)
-        if version != VERSION:
-            raise ContractError(path, f"record at byte {pos}: version {version}, expected {VERSION}")
+        if version not in (VERSION, MOE_DUMP_VERSION_SHARED):
+            raise ContractError(path, f"record at byte {pos}: version {version}, expected "
+                                      f"{VERSION} or {MOE_DUMP_VERSION_SHARED}")
+        if recs and (version == MOE_DUMP_VERSION_SHARED) != (recs[0].shared is not None):
+            raise ContractError(path, f"record at byte {pos}: version {version} after records of another version")
         for name, got, want in (("layer", lay, layer), ("n_embd", e, n_embd), ("k", kk, k)):
             if want is not None and got != want:
                 raise ContractError(path, f"record at byte {pos}: {name} {got}, expected {want}")
         if n == 0 or e == 0 or kk == 0:
             raise ContractError(path, f"record at byte {pos}: empty (n_rows {n}, n_embd {e}, k {kk})")
-        size = 4 * (n * e + n * kk + n * kk + n * e)
+        has_shared = version == MOE_DUMP_VERSION_SHARED
+        size = 4 * (n * e + n * kk + n * kk + n * e + (n * e if has_shared else 0))
         if len(b) - pos - hdr < size:
             raise ContractError(path, f"record at byte {pos}: truncated ({len(b) - pos - hdr} of {size} bytes)")
         a = pos + hdr
@@ -121,11 +130,68 @@ def read_moe_dump(path: str | os.PathLike, layer: int | None = None,
         w = np.frombuffer(b, "<f4", n * kk, a).reshape(n, kk)
         a += 4 * n * kk
         out = np.frombuffer(b, "<f4", n * e, a).reshape(n, e)
-        recs.append(MoERecord(lay, h, sel, w, out))
-        pos = a + 4 * n * e
+        a += 4 * n * e
+        shared = np.frombuffer(b, "<f4", n * e, a).reshape(n, e) if has_shared else None
+        recs.append(MoERecord(lay, h, sel, w, out, shared))
+        pos = a + (4 * n * e if has_shared else 0)
     if not recs:
         raise ContractError(path, "empty dump (no records)")
     return MoEDump(recs[0].layer, recs)
+
+
+# ------------------------------------------------------------------------ delta-net state dump
+
+@dataclass
+class StateRecord:
+    layer: int
+    pos0: int           # position of the micro-batch's first row
+    n_rows: int
+    conv: np.ndarray    # (conv_dim, Kc-1) float32: the last Kc-1 pre-conv inputs, oldest first
+    ssm: np.ndarray     # (V, ds, ds) float32: [j, m, i] = S_j[i][m]
+
+    @property
+    def position(self) -> int:
+        """The position after which this is the state (the micro-batch's last row)."""
+        return self.pos0 + self.n_rows - 1
+
+
+def read_state_dump(path: str | os.PathLike, layer: int, conv_shape: tuple[int, int],
+                    ssm_shape: tuple[int, int, int]) -> list[StateRecord]:
+    """SDQ_STATE_DUMP's PREFIX.L: one record per micro-batch, in evaluation order: positions
+    must follow on from each other from 0. Every header is checked against the layer and
+    the model's state shapes."""
+    b = _read(path)
+    recs: list[StateRecord] = []
+    pos, hdr = 0, 4 + 8 * 4
+    n_conv, n_ssm = int(np.prod(conv_shape)), int(np.prod(ssm_shape))
+    while pos < len(b):
+        if len(b) - pos < hdr:
+            raise ContractError(path, f"truncated record header at byte {pos}")
+        if b[pos:pos + 4] != STATE_DUMP_MAGIC:
+            raise ContractError(path, f"bad magic {b[pos:pos + 4]!r} at byte {pos} (expected {STATE_DUMP_MAGIC!r})")
+        version, lay, p0, n, c, w, v, ds = struct.unpack_from("<8I", b, pos + 4)
+        where = f"record at byte {pos}"
+        if version != VERSION:
+            raise ContractError(path, f"{where}: version {version}, expected {VERSION}")
+        if lay != layer:
+            raise ContractError(path, f"{where}: layer {lay}, expected {layer}")
+        if (c, w) != tuple(conv_shape) or (v, ds, ds) != tuple(ssm_shape):
+            raise ContractError(path, f"{where}: state shapes conv {[c, w]}, ssm {[v, ds, ds]}; the model's are "
+                                      f"{list(conv_shape)} and {list(ssm_shape)}")
+        want_p0 = recs[-1].position + 1 if recs else 0
+        if n == 0 or p0 != want_p0:
+            raise ContractError(path, f"{where}: rows {p0}..{p0 + n - 1}, expected a micro-batch from {want_p0}")
+        size = 4 * (n_conv + n_ssm)
+        if len(b) - pos - hdr < size:
+            raise ContractError(path, f"{where}: truncated ({len(b) - pos - hdr} of {size} bytes)")
+        a = pos + hdr
+        conv = np.frombuffer(b, "<f4", n_conv, a).reshape(conv_shape)
+        ssm = np.frombuffer(b, "<f4", n_ssm, a + 4 * n_conv).reshape(ssm_shape)
+        recs.append(StateRecord(lay, p0, n, conv, ssm))
+        pos = a + size
+    if not recs:
+        raise ContractError(path, "empty dump (no records)")
+    return recs
 
 
 # ------------------------------------------------------------------------ selftest

@@ -4,7 +4,7 @@ slot classes, the minimum arena), derived from the file, never from the engine."
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..units import round_up
 from .file import EXPERT_PARTS, ModelFile
@@ -31,6 +31,7 @@ class ModelFacts:
     types: list[tuple[str, str, str]]   # per layer: gate, up, down quant type names
     expert_bytes: list[int]             # per layer: gate + up + down bytes
     slot_bytes: list[int]               # per layer: the slot bytes of its three parts
+    kinds: list[str] = field(default_factory=list)   # per layer: attention or deltanet (qwen35moe)
 
     @classmethod
     def of(cls, mf: ModelFile, align: int, windows: bool = True) -> "ModelFacts":
@@ -43,10 +44,13 @@ class ModelFacts:
             eb.append(sum(p.n_bytes for p in parts))
             sb.append(sum(slot_part_bytes(p.offset, p.n_bytes, hp.n_expert, file_size, align, windows)
                           for p in parts))
-        return cls(hp.n_layer, hp.n_expert, hp.n_expert_used, hp.n_embd, types, eb, sb)
+        return cls(hp.n_layer, hp.n_expert, hp.n_expert_used, hp.n_embd, types, eb, sb,
+                   [hp.layer_kind(il) for il in range(hp.n_layer)])
 
     def describe_layer(self, il: int) -> str:
-        return f"{'/'.join(self.types[il])}, {self.expert_bytes[il]} B"
+        """Its experts' types and size; and its kind where the model has two."""
+        kind = f"{self.kinds[il]} layer, " if len(set(self.kinds)) > 1 else ""
+        return f"{kind}{'/'.join(self.types[il])}, {self.expert_bytes[il]} B"
 
     def slot_classes(self, uniform: bool) -> list[int]:
         """Slot sizes of the arena: one class (the largest) when uniform or when the model has

@@ -15,6 +15,12 @@ at long context (a position offset after the first micro-batch, a cache row writ
 wrong position, RoPE wrong beyond some position, decode steps that see a stale cache), and
 an engine that evaluates other positions than it was given (an extra BOS token, a chat
 template around a --no-chat prompt).
+
+On a model with delta-net layers (qwen35moe) the run also dumps their state after every
+micro-batch (SDQ_STATE_DUMP), and a third result compares each with the reference's state
+after the same position (epmci/check/state_check.py): a state not carried across
+micro-batches, a conv window off by a token, a state reset between prefill and decode, each
+named by the first micro-batch and layer where it shows.
 """
 
 from __future__ import annotations
@@ -24,17 +30,20 @@ import time
 
 import numpy as np
 
+from ...compare.arrays import Tolerance
 from ...compare.logits import compare_logits, logits_verdict
 from ...contract.outputs import ContractError, read_logits, read_moe_dump, read_stats
 from ...contract.runspec import LOGITS_FILE, STATS_FILE
 from ...reference.tokenizer import ReferenceTokenizer
 from ..context import CheckContext
 from ..reference_runs import whole_model
+from ..state_check import STATE_FILE, StateVerdict, compare_states, deltanet_layers, read_states
 from ..result import FAIL, PASS, CheckResult
 from .base import Task, run_failed
 
 NAME = "model"
 RESULTS = ("prompt positions", "decode positions")
+STATE_RESULT = "delta-net state"
 CTX_SLACK = 64
 
 
@@ -54,12 +63,16 @@ class ModelSuite:
     def mode(self, ctx: CheckContext) -> str:
         return "exact" if ctx.engine.bundled else ctx.cfg.model_suite.compare
 
+    @staticmethod
+    def names(ctx: CheckContext) -> list[str]:
+        return list(RESULTS) + ([STATE_RESULT] if deltanet_layers(ctx.mf) else [])
+
     def plan(self, ctx: CheckContext) -> list[Task | CheckResult]:
         ms = ctx.cfg.model_suite
         tokenizer = ReferenceTokenizer.of(ctx.mf)
         positions = max(2, int(ms.context_fraction * ctx.mf.hp.n_ctx_train))
         prompt, ids = long_prompt(ctx.cfg.prompts.model, tokenizer, positions)
-        return [Task(NAME, "whole model", lambda: self.check(ctx, prompt, ids), names=list(RESULTS), cost=4.0)]
+        return [Task(NAME, "whole model", lambda: self.check(ctx, prompt, ids), names=self.names(ctx), cost=4.0)]
 
     def check(self, ctx: CheckContext, prompt: str, prompt_ids: list[int]) -> list[CheckResult]:
         ms = ctx.cfg.model_suite
@@ -68,9 +81,11 @@ class ModelSuite:
         # given must still run, so the check can say so
         spec = dataclasses.replace(ctx.spec(prompt, n_predict=ms.n_predict, batch=ms.batch),
                                    ctx=len(prompt_ids) + ms.n_predict + CTX_SLACK)
-        run = ctx.run("model", spec, out, env={"SDQ_MOE_DUMP": str(out / "moe")})
+        names, states = self.names(ctx), bool(deltanet_layers(ctx.mf))
+        env = {"SDQ_MOE_DUMP": str(out / "moe"), **({"SDQ_STATE_DUMP": str(out / STATE_FILE)} if states else {})}
+        run = ctx.run("model", spec, out, env=env)
         if not run.ok:
-            return run_failed(NAME, list(RESULTS), run)
+            return run_failed(NAME, names, run)
         t0 = time.perf_counter()
         details = f"command: {run.command_line()}"
         mode, P = self.mode(ctx), len(prompt_ids)
@@ -78,33 +93,40 @@ class ModelSuite:
         def results(statuses: list[str], msgs: list[str], props: dict) -> list[CheckResult]:
             secs = run.seconds + time.perf_counter() - t0
             return [CheckResult(NAME, n, st, m, dict(props), secs if i == 0 else 0.0, run.stderr_tail(), details)
-                    for i, (n, st, m) in enumerate(zip(RESULTS, statuses, msgs))]
+                    for i, (n, st, m) in enumerate(zip(names, statuses, msgs))]
 
-        def both_fail(msg: str) -> list[CheckResult]:
-            return results([FAIL, FAIL], [msg, msg], props)
+        def all_fail(msg: str) -> list[CheckResult]:
+            return results([FAIL] * len(names), [msg] * len(names), props)
 
         props: dict = {"mode": mode, "prompt_tokens": P, "batch": ms.batch}
         if run.slot_errors:
-            return both_fail(f"engine reported a slot error: {run.slot_errors[0]}")
+            return all_fail(f"engine reported a slot error: {run.slot_errors[0]}")
         try:
             rows = read_logits(out / LOGITS_FILE)
             prefill = [r for r in read_stats(out / STATS_FILE) if r["phase"] == "prefill"]
         except ContractError as e:
-            return both_fail(f"output unusable: {e}")
+            return all_fail(f"output unusable: {e}")
         evaluated = int(prefill[0].get("tokens", -1)) if prefill else -1
         props.update(engine_prompt_positions=evaluated, rows=int(rows.shape[0]))
         if evaluated != P:
-            return both_fail(f"the engine evaluated {evaluated} prompt positions, the reference tokenizes the "
+            return all_fail(f"the engine evaluated {evaluated} prompt positions, the reference tokenizes the "
                              f"prompt (--no-chat) to {P} tokens: the engine does not evaluate the prompt it was "
                              f"given (a BOS token added, a chat template, another tokenization?)")
         if rows.shape[0] < P:
-            return both_fail(f"{rows.shape[0]} logits rows for a {P}-token prompt")
+            return all_fail(f"{rows.shape[0]} logits rows for a {P}-token prompt")
         # the tokens fed back in decode: the greedy choice (first maximum) of each row from P-1 on
         fed = [int(t) for t in np.argmax(rows[P - 1:-1], axis=1)] if rows.shape[0] > P else []
         tokens = np.array(prompt_ids + fed, dtype=np.int32)
-        ref = whole_model(ctx.mf, ctx.model_sha256(), tokens)
+        dumped, state_error = {}, None
+        if states:
+            try:
+                dumped = read_states(ctx.mf, out)
+            except ContractError as e:
+                state_error = f"state dump unusable: {e}"
+        positions = [r.position for r in next(iter(dumped.values()))] if dumped else []
+        ref = whole_model(ctx.mf, ctx.model_sha256(), tokens, [p for p in positions if p < len(tokens)])
         if ref.logits.shape[1] != rows.shape[1]:
-            return both_fail(f"logits rows have {rows.shape[1]} values, the model's vocabulary is "
+            return all_fail(f"logits rows have {rows.shape[1]} values, the model's vocabulary is "
                              f"{ref.logits.shape[1]}")
         props["decode_steps"] = len(fed)
         verdicts, msgs = [], []
@@ -128,6 +150,13 @@ class ModelSuite:
             verdicts.append(FAIL)
             msgs.append(f"{span} differ from the reference ({mode}): first at position {first}"
                         f"{'' if what == 'prompt' else f' (decode step {first - P + 1})'}; {where}; {diff.text()}")
+        if states:
+            tol = Tolerance() if mode == "exact" else ctx.cfg.layer.tolerance
+            v = (compare_states(dumped, ref.state, len(tokens), P, tol) if dumped
+                 else StateVerdict(False, state_error, {}))
+            props.update(v.props)
+            verdicts.append(PASS if v.ok else FAIL)
+            msgs.append(f"{mode}: {v.message}" if v.ok else v.message)
         return results(verdicts, msgs, props)
 
     @staticmethod
@@ -146,10 +175,11 @@ class ModelSuite:
                 if h.shape[0] <= pos:
                     return f"the MoE dump of layer {il} has only {h.shape[0]} rows"
                 if h[pos].tobytes() != moe_in[il, pos].tobytes():
+                    mixer = "delta net" if ctx.mf.hp.is_recurrent(il) else "attention"
                     if il == 0:
-                        return "layer 0's MoE input already differs (embedding or layer 0's attention)"
+                        return f"layer 0's MoE input already differs (embedding or layer 0's {mixer})"
                     return (f"the first layer whose MoE input differs there is layer {il} (layer {il - 1}'s "
-                            f"input is equal: layer {il - 1}'s MoE output or layer {il}'s attention)")
+                            f"input is equal: layer {il - 1}'s MoE output or layer {il}'s {mixer})")
         except ContractError as e:
             return f"no MoE dump to locate the layer ({e})"
         return "every layer's MoE input equals the reference there: the last layer's MoE or the output head"
