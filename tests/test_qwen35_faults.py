@@ -139,3 +139,16 @@ def test_routed_expert_paging_fault_on_a_deltanet_layer(tmp_path, tiny35_model):
     layer = statuses(rep, "layer")
     assert layer["L1"] == "fail" and {v for n, v in layer.items() if n != "L1"} == {"pass"}, layer
     assert "expert(s) [7] differs" in messages(rep, "layer")["L1"]
+
+
+def test_moe_dump_without_the_shared_expert_fails(tmp_path, tiny35_model):
+    """An engine that writes version-1 MoE records on a model with a shared expert: the
+    shared expert went unchecked, so the layer check fails instead of passing on the rest."""
+    rep = check_broken(tmp_path, tiny35_model, """
+        import engine.dumps as Dm
+        from engine.model import MoETrace
+        good = Dm.MoEDumpWriter.write
+        Dm.MoEDumpWriter.write = lambda self, t: good(self, MoETrace(t.layer, t.h, t.selected, t.weights, t.out))
+    """, "layer")
+    assert set(statuses(rep, "layer").values()) == {"fail"}
+    assert all("has no shared expert output (version 1 records)" in m for m in messages(rep, "layer").values())
