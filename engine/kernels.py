@@ -35,10 +35,10 @@ Numerics (read against llama.cpp's C sources, not memory):
   vec_dot_type (engine/qtypes.py) once and runs that type's kernel over one matrix or
   several (a layer's experts), each with its own activation rows.
 
-Determinism: kernels are ``parallel=True`` with ``prange`` over fixed chunks of OUTPUT
-rows only (of one or several matrices); every output element is produced by one
-sequential loop whose order does not depend on the thread count, so results are
-bit-identical for any ``set_threads``.
+Determinism: the kernels are ``parallel=True``; the matrix products' threads take work items --
+fixed chunks of OUTPUT rows (of one or several matrices) -- from a shared counter. Every
+output element is produced by one sequential loop whose order does not depend on which
+thread runs it or how many there are, so results are bit-identical for any ``set_threads``.
 No fastmath anywhere (it would allow reassociation/contraction); every float operation
 is written on np.float32 operands so numba does not widen to float64.
 """
@@ -46,6 +46,7 @@ is written on np.float32 operands so numba does not widen to float64.
 from __future__ import annotations
 
 import math
+from itertools import accumulate
 
 import numba
 import numpy as np
@@ -196,8 +197,10 @@ def quantize_q8_0(x):
 # layer, or a single dense matrix) each with its own subset of the activation rows:
 # matrix m takes rows act_rows[act_start[m]:act_start[m + 1]] and writes output rows
 # act_start[m].. . The matrices are passed as addresses (see _u8_pointer), so one call --
-# one parallel region -- covers them all. Work items are (matrix, 16 output rows); each
-# output element is computed by one item, in ggml's order, whatever the thread count.
+# one parallel region -- covers them all. Work items are (matrix, 16 output rows), which
+# the `workers` threads take from a shared counter as they come free (on a shared machine a
+# thread the OS keeps waiting then holds up no fixed share of the work); each output
+# element is computed by one item, in ggml's order, whatever the thread count.
 #
 # The integer work of a super-block is a loop over its 8 lanes (`lanes` = 8; value p of a
 # block is in lane p % 8, as aux32[l] in the C): each lane reads consecutive bytes, so LLVM
@@ -224,6 +227,40 @@ def _u8_pointer(typingctx, address):
     def codegen(context, builder, signature, args):
         return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
     return sig, codegen
+
+
+@intrinsic
+def _next_item(typingctx, counter):
+    """Atomically counter[0] += 1; returns the old value: the next work item to take."""
+    if not (isinstance(counter, types.Array) and counter.dtype == types.int64):
+        return None
+    sig = types.int64(counter)
+
+    def codegen(context, builder, signature, args):
+        ary = context.make_array(signature.args[0])(context, builder, args[0])
+        one = context.get_constant(types.int64, 1)
+        return builder.atomic_rmw("add", ary.data, one, "monotonic")
+    return sig, codegen
+
+
+@njit(cache=True, inline="always")
+def _take_item(taken, n_mat, per, act_start):
+    """The next work item off the shared counter: (matrix m, its activation rows a0:a1, first
+    output row r0), or m = -1 once all n_mat * per items are taken."""
+    item = _next_item(taken)
+    if item >= n_mat * per:
+        return -1, 0, 0, 0
+    m = item // per
+    return m, act_start[m], act_start[m + 1], (item - m * per) * _ROWS_PER_ITEM
+
+
+@njit(cache=True)
+def _most_rows(act_start):
+    """The most activation rows any one matrix takes."""
+    most = 0
+    for m in range(act_start.shape[0] - 1):
+        most = max(most, act_start[m + 1] - act_start[m])
+    return most
 
 
 @njit(cache=True)
@@ -353,7 +390,7 @@ def _block_q6_K(wr, i, d, qs, rows, lanes, scm, q6, sums):
 
 
 @njit(cache=True, parallel=True)
-def matmul_kquant(ptrs, n_rows, row_bytes, qtype, d, qs, bsums, act_rows, act_start, lanes):
+def matmul_kquant(ptrs, n_rows, row_bytes, qtype, d, qs, bsums, act_rows, act_start, lanes, workers):
     """Matrices of type Q4_K, Q5_K or Q6_K (uint8[n_rows, row_bytes] at ptrs[m]) times Q8_K
     activations (d, qs, bsums) of x[n, k] -> float32[len(act_rows), n_rows] (see above).
     One kernel for the three: they differ only in how a super-block is read (Q6_K has no
@@ -374,39 +411,42 @@ def matmul_kquant(ptrs, n_rows, row_bytes, qtype, d, qs, bsums, act_rows, act_st
         raise ValueError("matmul_kquant: shape mismatch")
     out = np.empty((act_rows.shape[0], n_rows), np.float32)
     per = (n_rows + _ROWS_PER_ITEM - 1) // _ROWS_PER_ITEM
-    for item in prange(n_mat * per):
-        m = item // per
-        a0 = act_start[m]
-        cnt = act_start[m + 1] - a0
-        sums = np.empty((cnt, _LANES), np.float32)   # C: sums[8] of each output
-        sumf = np.empty(cnt, np.float32)             # C: sumf
-        scm = np.empty(16, np.int32)                 # one super-block's scales (and mins)
-        u5 = np.empty(QK_K, np.uint8)                # one super-block's Q5_K quants
-        q6 = np.empty(QK_K, np.int8)                 # one super-block's Q6_K quants
-        rows = act_rows[a0:a0 + cnt]
-        w = numba.carray(_u8_pointer(ptrs[m]), (n_rows, row_bytes))
-        r0 = (item - m * per) * _ROWS_PER_ITEM
-        for r in range(r0, min(n_rows, r0 + _ROWS_PER_ITEM)):
-            wr = w[r]
-            sums[:cnt] = 0
-            sumf[:cnt] = 0
-            for i in range(nb):
-                if qtype == Q4_K:
-                    _block_q4_K(wr, i, d, qs, bsums, rows, lanes, scm, sums, sumf)
-                elif qtype == Q5_K:
-                    _block_q5_K(wr, i, d, qs, bsums, rows, lanes, scm, u5, sums, sumf)
-                else:
-                    _block_q6_K(wr, i, d, qs, rows, lanes, scm, q6, sums)
-            for s in range(cnt):
-                acc = sumf[s]
-                for l in range(_LANES):
-                    acc = np.float32(acc + sums[s, l])
-                out[a0 + s, r] = acc
+    most = _most_rows(act_start)
+    taken = np.zeros(1, np.int64)
+    for _ in prange(workers):
+        sums = np.empty((most, _LANES), np.float32)   # C: sums[8] of each output
+        sumf = np.empty(most, np.float32)             # C: sumf
+        scm = np.empty(16, np.int32)                  # one super-block's scales (and mins)
+        u5 = np.empty(QK_K, np.uint8)                 # one super-block's Q5_K quants
+        q6 = np.empty(QK_K, np.int8)                  # one super-block's Q6_K quants
+        while True:
+            m, a0, a1, r0 = _take_item(taken, n_mat, per, act_start)
+            if m < 0:
+                break
+            cnt = a1 - a0
+            rows = act_rows[a0:a1]
+            w = numba.carray(_u8_pointer(ptrs[m]), (n_rows, row_bytes))
+            for r in range(r0, min(n_rows, r0 + _ROWS_PER_ITEM)):
+                wr = w[r]
+                sums[:cnt] = 0
+                sumf[:cnt] = 0
+                for i in range(nb):
+                    if qtype == Q4_K:
+                        _block_q4_K(wr, i, d, qs, bsums, rows, lanes, scm, sums, sumf)
+                    elif qtype == Q5_K:
+                        _block_q5_K(wr, i, d, qs, bsums, rows, lanes, scm, u5, sums, sumf)
+                    else:
+                        _block_q6_K(wr, i, d, qs, rows, lanes, scm, q6, sums)
+                for s in range(cnt):
+                    acc = sumf[s]
+                    for l in range(_LANES):
+                        acc = np.float32(acc + sums[s, l])
+                    out[a0 + s, r] = acc
     return out
 
 
 @njit(cache=True, parallel=True)
-def matmul_q8_0(ptrs, n_rows, row_bytes, d, qs, act_rows, act_start, lanes):
+def matmul_q8_0(ptrs, n_rows, row_bytes, d, qs, act_rows, act_start, lanes, workers):
     """Q8_0 matrices (uint8[n_rows, row_bytes] at ptrs[m]) times Q8_0 activations (d = f16
     values as f32, qs) -> float32[len(act_rows), n_rows] (see above)."""
     n_mat = ptrs.shape[0]
@@ -417,31 +457,33 @@ def matmul_q8_0(ptrs, n_rows, row_bytes, d, qs, act_rows, act_start, lanes):
         raise ValueError("matmul_q8_0: shape mismatch")
     out = np.empty((act_rows.shape[0], n_rows), np.float32)
     per = (n_rows + _ROWS_PER_ITEM - 1) // _ROWS_PER_ITEM
-    for item in prange(n_mat * per):
-        m = item // per
-        a0 = act_start[m]
-        w = numba.carray(_u8_pointer(ptrs[m]), (n_rows, row_bytes))
-        r0 = (item - m * per) * _ROWS_PER_ITEM
-        for r in range(r0, min(n_rows, r0 + _ROWS_PER_ITEM)):
-            wr = w[r]
-            for s in range(act_start[m + 1] - a0):
-                j = act_rows[a0 + s]
-                y = qs[j]
-                sumf = np.float32(0.0)
-                for i in range(nb):
-                    o = i * _Q8_0_BYTES
-                    sumi = np.int32(0)
-                    for x in range(4 * lanes):   # the block's 32 products: a vectorized reduction
-                        sumi = np.int32(sumi + np.int32(np.int32(np.int8(wr[_U(o + 2 + x)]))
-                                                        * np.int32(y[_U(i * QK8_0 + x)])))
-                    xd = _f16(wr[o], wr[o + 1])
-                    sumf = np.float32(sumf + np.float32(np.float32(sumi) * np.float32(xd * d[j, i])))
-                out[a0 + s, r] = sumf
+    taken = np.zeros(1, np.int64)
+    for _ in prange(workers):
+        while True:
+            m, a0, a1, r0 = _take_item(taken, n_mat, per, act_start)
+            if m < 0:
+                break
+            w = numba.carray(_u8_pointer(ptrs[m]), (n_rows, row_bytes))
+            for r in range(r0, min(n_rows, r0 + _ROWS_PER_ITEM)):
+                wr = w[r]
+                for s in range(a1 - a0):
+                    j = act_rows[a0 + s]
+                    y = qs[j]
+                    sumf = np.float32(0.0)
+                    for i in range(nb):
+                        o = i * _Q8_0_BYTES
+                        sumi = np.int32(0)
+                        for x in range(4 * lanes):   # the block's 32 products: a vectorized reduction
+                            sumi = np.int32(sumi + np.int32(np.int32(np.int8(wr[_U(o + 2 + x)]))
+                                                            * np.int32(y[_U(i * QK8_0 + x)])))
+                        xd = _f16(wr[o], wr[o + 1])
+                        sumf = np.float32(sumf + np.float32(np.float32(sumi) * np.float32(xd * d[j, i])))
+                    out[a0 + s, r] = sumf
     return out
 
 
 @njit(cache=True, parallel=True)
-def matmul_f32(ptrs, n_rows, row_bytes, x, act_rows, act_start):
+def matmul_f32(ptrs, n_rows, row_bytes, x, act_rows, act_start, workers):
     """F32 matrices (n_rows rows of row_bytes = 4k bytes at ptrs[m]) times x float32[n, k]
     -> float32[len(act_rows), n_rows]: out = float32(sum_i double(float32(w[r, i] * x[j, i]))),
     summed sequentially i = 0..k-1 in double (scalar ggml_vec_dot_f32). Four output rows
@@ -452,42 +494,44 @@ def matmul_f32(ptrs, n_rows, row_bytes, x, act_rows, act_start):
         raise ValueError("matmul_f32: shape mismatch")
     out = np.empty((act_rows.shape[0], n_rows), np.float32)
     per = (n_rows + _ROWS_PER_ITEM - 1) // _ROWS_PER_ITEM
-    for item in prange(n_mat * per):
-        m = item // per
-        a0 = act_start[m]
-        w = numba.carray(_u8_pointer(ptrs[m]), (n_rows, row_bytes)).view(np.float32)
-        r0 = (item - m * per) * _ROWS_PER_ITEM
-        r1 = min(n_rows, r0 + _ROWS_PER_ITEM)
-        for s in range(act_start[m + 1] - a0):
-            xj = x[act_rows[a0 + s]]
-            r = r0
-            while r + 4 <= r1:
-                w0 = w[r]
-                w1 = w[r + 1]
-                w2 = w[r + 2]
-                w3 = w[r + 3]
-                s0 = 0.0
-                s1 = 0.0
-                s2 = 0.0
-                s3 = 0.0
-                for i in range(k):
-                    xv = xj[i]
-                    s0 += np.float64(np.float32(w0[i] * xv))
-                    s1 += np.float64(np.float32(w1[i] * xv))
-                    s2 += np.float64(np.float32(w2[i] * xv))
-                    s3 += np.float64(np.float32(w3[i] * xv))
-                out[a0 + s, r] = np.float32(s0)
-                out[a0 + s, r + 1] = np.float32(s1)
-                out[a0 + s, r + 2] = np.float32(s2)
-                out[a0 + s, r + 3] = np.float32(s3)
-                r += 4
-            while r < r1:
-                wr = w[r]
-                s0 = 0.0
-                for i in range(k):
-                    s0 += np.float64(np.float32(wr[i] * xj[i]))
-                out[a0 + s, r] = np.float32(s0)
-                r += 1
+    taken = np.zeros(1, np.int64)
+    for _ in prange(workers):
+        while True:
+            m, a0, a1, r0 = _take_item(taken, n_mat, per, act_start)
+            if m < 0:
+                break
+            w = numba.carray(_u8_pointer(ptrs[m]), (n_rows, row_bytes)).view(np.float32)
+            r1 = min(n_rows, r0 + _ROWS_PER_ITEM)
+            for s in range(a1 - a0):
+                xj = x[act_rows[a0 + s]]
+                r = r0
+                while r + 4 <= r1:
+                    w0 = w[r]
+                    w1 = w[r + 1]
+                    w2 = w[r + 2]
+                    w3 = w[r + 3]
+                    s0 = 0.0
+                    s1 = 0.0
+                    s2 = 0.0
+                    s3 = 0.0
+                    for i in range(k):
+                        xv = xj[i]
+                        s0 += np.float64(np.float32(w0[i] * xv))
+                        s1 += np.float64(np.float32(w1[i] * xv))
+                        s2 += np.float64(np.float32(w2[i] * xv))
+                        s3 += np.float64(np.float32(w3[i] * xv))
+                    out[a0 + s, r] = np.float32(s0)
+                    out[a0 + s, r + 1] = np.float32(s1)
+                    out[a0 + s, r + 2] = np.float32(s2)
+                    out[a0 + s, r + 3] = np.float32(s3)
+                    r += 4
+                while r < r1:
+                    wr = w[r]
+                    s0 = 0.0
+                    for i in range(k):
+                        s0 += np.float64(np.float32(wr[i] * xj[i]))
+                    out[a0 + s, r] = np.float32(s0)
+                    r += 1
     return out
 
 
@@ -621,16 +665,17 @@ _QUANTIZE = {Q8_K: quantize_q8_K, Q8_0: quantize_q8_0, F32: lambda x: (x,)}
 
 def _kquant(qtype: int):
     def kernel(ptrs, n_rows, row_bytes, act_rows, act_start, d, qs, bsums):
-        return matmul_kquant(ptrs, n_rows, row_bytes, qtype, d, qs, bsums, act_rows, act_start, _LANES)
+        return matmul_kquant(ptrs, n_rows, row_bytes, qtype, d, qs, bsums, act_rows, act_start, _LANES,
+                             get_threads())
     return kernel
 
 
 def _q8_0(ptrs, n_rows, row_bytes, act_rows, act_start, d, qs):
-    return matmul_q8_0(ptrs, n_rows, row_bytes, d, qs, act_rows, act_start, _LANES)
+    return matmul_q8_0(ptrs, n_rows, row_bytes, d, qs, act_rows, act_start, _LANES, get_threads())
 
 
 def _f32(ptrs, n_rows, row_bytes, act_rows, act_start, x):
-    return matmul_f32(ptrs, n_rows, row_bytes, x, act_rows, act_start)
+    return matmul_f32(ptrs, n_rows, row_bytes, x, act_rows, act_start, get_threads())
 
 
 _MATMUL = {Q4_K: _kquant(Q4_K), Q5_K: _kquant(Q5_K), Q6_K: _kquant(Q6_K), Q8_0: _q8_0, F32: _f32}
@@ -648,10 +693,9 @@ def matmul_rows(ws, qtype: int, a: Activation, rows_of) -> np.ndarray:
             raise ValueError(f"matmul: weights must be C-contiguous 2-D arrays of one shape, got {w.shape}")
         if w.dtype != (np.float32 if t.vec_dot_type == F32 else np.uint8):
             raise ValueError(f"matmul: {t.name} weights cannot be {w.dtype}")
-    ptrs = np.array([w.ctypes.data for w in ws], dtype=np.int64)
-    act_start = np.zeros(len(ws) + 1, dtype=np.int64)
-    np.cumsum([len(r) for r in rows_of], out=act_start[1:])
-    act_rows = np.concatenate(rows_of).astype(np.int64) if len(ws) > 1 else np.asarray(rows_of[0], dtype=np.int64)
+    ptrs = np.fromiter((w.ctypes.data for w in ws), np.int64, len(ws))
+    act_start = np.fromiter(accumulate(map(len, rows_of), initial=0), np.int64, len(ws) + 1)
+    act_rows = np.asarray(np.concatenate(rows_of) if len(ws) > 1 else rows_of[0], dtype=np.int64)
     return _MATMUL[int(qtype)](ptrs, shape[0], shape[1] * ws[0].itemsize, act_rows, act_start,
                                *a.quantized(t.vec_dot_type))
 
