@@ -202,9 +202,10 @@ def quantize_q8_0(x):
 # thread the OS keeps waiting then holds up no fixed share of the work); each output
 # element is computed by one item, in ggml's order, whatever the thread count.
 #
-# The integer work of a super-block is a loop over its 8 lanes (`lanes` = 8; value p of a
-# block is in lane p % 8, as aux32[l] in the C): each lane reads consecutive bytes, so LLVM
-# turns the loop into 8-wide vector code. `lanes` is passed at run time because with a
+# A k-quant super-block is first unpacked into its 256 quants, a byte each (a vectorized
+# loop), once for all activation rows. Its integer work is then a loop over its 8 lanes
+# (`lanes` = 8; value p of a block is in lane p % 8, as aux32[l] in the C): each lane reads
+# consecutive bytes, so LLVM turns the loop into 8-wide vector code. `lanes` is passed at run time because with a
 # compile-time trip count of 8 LLVM unrolls the loop and leaves it scalar (numba runs
 # LLVM's SLP vectorizer off). Indices in lane loops are cast to uint64: numba then skips
 # its negative-index wraparound, which would hide from LLVM that the lanes are consecutive.
@@ -278,33 +279,23 @@ def _check_rows(n_act, act_rows, act_start):
 
 
 @njit(cache=True, inline="always")
-def _block_q4_K(wr, i, d, qs, bsums, rows, lanes, scm, sums, sumf):
+def _block_q4_K(wr, i, d, qs, bsums, rows, lanes, scm, u, sums, sumf):
     """Super-block i of a Q4_K row wr, for activation rows `rows`: sums[s, l] += d * aux32[l];
-    sumf[s] -= dmin * sumi (ggml_vec_dot_q4_K_q8_K_generic)."""
+    sumf[s] -= dmin * sumi (ggml_vec_dot_q4_K_q8_K_generic). The quants are unpacked into u
+    once (a vectorized loop over the 32 bytes of each 64 values, `lanes` * 4 at run time),
+    then used by every activation row."""
     o = i * _Q4_K_BYTES
     xd = _f16(wr[o], wr[o + 1])
     xm = _f16(wr[o + 2], wr[o + 3])
     _scales_mins_k4(wr, o + 4, scm)
-    qo = o + 16
-    yo = i * QK_K
+    for x in range(4 * lanes):
+        for c in range(4):
+            b = wr[_U(o + 16 + 32 * c + x)]
+            u[_U(64 * c + x)] = b & 0xF
+            u[_U(64 * c + 32 + x)] = b >> 4
     for s in range(rows.shape[0]):
         j = rows[s]
-        y = qs[j]
-        dd = np.float32(xd * d[j, i])
-        for l in range(lanes):
-            # aux16 = 16 * aux32[l]: the high nibble is used as b & 0xF0 = 16 q, sparing a
-            # shift numba would do in 64 bits. |aux16| < 2^31 (at most 16*256*63*15*127).
-            aux16 = np.int32(0)
-            for c in range(4):   # 64 values: 32 low nibbles (scale 2c), 32 high (2c + 1)
-                lo = np.int32(0)
-                hi16 = np.int32(0)
-                for m in range(4):
-                    x = 8 * m + l
-                    b = np.int32(wr[_U(qo + 32 * c + x)])
-                    lo = np.int32(lo + np.int32((b & 0xF) * np.int32(y[_U(yo + 64 * c + x)])))
-                    hi16 = np.int32(hi16 + np.int32((b & 0xF0) * np.int32(y[_U(yo + 64 * c + 32 + x)])))
-                aux16 = np.int32(aux16 + np.int32(16 * scm[2 * c] * lo) + np.int32(scm[2 * c + 1] * hi16))
-            sums[s, _U(l)] = np.float32(sums[s, _U(l)] + np.float32(dd * np.float32(aux16 >> 4)))
+        _lanes_unpacked(u, 32, qs[j], i * QK_K, scm, lanes, np.float32(xd * d[j, i]), sums, s)
         _mins_term(xm, d[j, i], bsums[j], i, scm, sumf, s)
 
 
@@ -344,10 +335,8 @@ def _lanes_unpacked(u, group, y, yo, scm, lanes, dd, sums, s):
 
 @njit(cache=True, inline="always")
 def _block_q5_K(wr, i, d, qs, bsums, rows, lanes, scm, u, sums, sumf):
-    """Super-block i of a Q5_K row wr, for activation rows `rows` (as Q4_K, with a fifth bit
-    per value from qh). The quants are unpacked into u first -- a vectorized loop over the
-    32 bytes of qh (`lanes` * 4 at run time, see above) -- because pulling the fifth bit out
-    inside the lane loop costs 64-bit shifts (numba's integer widths)."""
+    """Super-block i of a Q5_K row wr, for activation rows `rows`: as Q4_K, with a fifth bit
+    per value from qh[x], bit 2c (low nibbles) or 2c + 1 (high nibbles) of chunk c."""
     o = i * _Q5_K_BYTES
     xd = _f16(wr[o], wr[o + 1])
     xm = _f16(wr[o + 2], wr[o + 3])
@@ -370,7 +359,7 @@ def _block_q6_K(wr, i, d, qs, rows, lanes, scm, q6, sums):
     (ggml_vec_dot_q6_K_q8_K_generic). In each half h of 128 values, byte x < 32 of ql
     (ql[64h + x], ql[64h + 32 + x]) and of qh (qh[32h + x]) make the values 128h + 32t + x,
     t = 0..3, as (4 low bits | 2 high bits << 4) - 32; 16 consecutive values share a scale.
-    Unpacked into q6 first, as Q5_K."""
+    Unpacked into q6 first, as Q4_K."""
     o = i * _Q6_K_BYTES
     xd = _f16(wr[o + 208], wr[o + 209])
     for g in range(16):
@@ -417,7 +406,7 @@ def matmul_kquant(ptrs, n_rows, row_bytes, qtype, d, qs, bsums, act_rows, act_st
         sums = np.empty((most, _LANES), np.float32)   # C: sums[8] of each output
         sumf = np.empty(most, np.float32)             # C: sumf
         scm = np.empty(16, np.int32)                  # one super-block's scales (and mins)
-        u5 = np.empty(QK_K, np.uint8)                 # one super-block's Q5_K quants
+        u = np.empty(QK_K, np.uint8)                  # one super-block's Q4_K/Q5_K quants
         q6 = np.empty(QK_K, np.int8)                  # one super-block's Q6_K quants
         while True:
             m, a0, a1, r0 = _take_item(taken, n_mat, per, act_start)
@@ -432,9 +421,9 @@ def matmul_kquant(ptrs, n_rows, row_bytes, qtype, d, qs, bsums, act_rows, act_st
                 sumf[:cnt] = 0
                 for i in range(nb):
                     if qtype == Q4_K:
-                        _block_q4_K(wr, i, d, qs, bsums, rows, lanes, scm, sums, sumf)
+                        _block_q4_K(wr, i, d, qs, bsums, rows, lanes, scm, u, sums, sumf)
                     elif qtype == Q5_K:
-                        _block_q5_K(wr, i, d, qs, bsums, rows, lanes, scm, u5, sums, sumf)
+                        _block_q5_K(wr, i, d, qs, bsums, rows, lanes, scm, u, sums, sumf)
                     else:
                         _block_q6_K(wr, i, d, qs, rows, lanes, scm, q6, sums)
                 for s in range(cnt):
