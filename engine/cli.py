@@ -1,6 +1,6 @@
 """`python -m engine` / `epm-engine`: the engine CLI of docs/engine-contract.md.
 
-Generated text goes to stdout, diagnostics to stderr. A model or setting the engine
+Generated text goes to stdout, diagnostics to stderr. A model, flag or setting the engine
 cannot use is one line on stderr and exit 2.
 """
 
@@ -13,13 +13,25 @@ import os
 import sys
 
 
+from .contract_info import contract_info
 from .dumps import MoEDumpWriter, StateDumpWriter, write_atomic, write_logits
 from .gguf_model import ModelError
 
+PROG = "epm-engine"
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, but a bad command line is the contract's one line (ModelError), not usage text."""
+
+    def error(self, message: str):
+        raise ModelError(message)
+
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="epm-engine", description="expert-paged qwen3moe engine")
-    ap.add_argument("-m", "--model", required=True)
+    ap = ArgumentParser(prog=PROG, description="expert-paged qwen3moe engine")
+    ap.add_argument("--contract-info", action="store_true",
+                    help="print what this engine declares (contract version, features) as JSON and exit")
+    ap.add_argument("-m", "--model")
     ap.add_argument("-p", "--prompt", default="")
     ap.add_argument("-n", "--n-predict", type=int, default=32)
     ap.add_argument("-c", "--ctx-size", type=int, default=512)
@@ -48,7 +60,12 @@ def _pager_config(a: argparse.Namespace):
 
 
 def run(a: argparse.Namespace) -> int:
+    if a.contract_info:
+        print(json.dumps(contract_info()))
+        return 0
     from .runtime import Engine, Options
+    if not a.model:
+        raise ModelError("-m/--model: a model file is required")
     if a.dump_logits and not a.logits_out:
         raise ModelError("--dump-logits: --logits-out PATH is required")
     for name in ("n_predict", "ctx_size", "threads", "batch_size"):
@@ -107,11 +124,10 @@ def run(a: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    a = build_parser().parse_args(argv)
     try:
-        return run(a)
+        return run(build_parser().parse_args(argv))
     except ModelError as e:
-        print(f"epm-engine: error: {e}", file=sys.stderr)
+        print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
 
 

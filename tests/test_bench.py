@@ -44,9 +44,11 @@ with open(opt("--stats-file"), "a") as f:
     for phase, toks in (("prefill", P), ("decode", n - 1)):
         f.write(json.dumps({"phase": phase, "tokens": toks, "seconds": 0.5, "tok_s": toks / 0.5,
                             "hit_rate": 50.0, "hits": 5, "misses": misses, "evictions": 1, "ssd_bytes": 1000,
-                            "ssd_bytes_per_token": 1000 / toks, "n_slots": 4, "prefetch_issued": 2,
+                            "ssd_bytes_per_token": 1000 / toks, "io_bytes": 1000, "n_slots": 4,
+                            "n_slots_small": 3, "n_slots_large": 1, "prefetch_issued": 2,
                             "prefetch_used": 1, "prefetch_used_rate": 50.0, "io_wait_s": 0.01,
-                            "arena_mb": 1.0, "peak_rss_mb": 99.0, "vm_swap_mb": 0.0}) + "\n")
+                            "io_direct_pct": 100.0, "arena_mb": 1.0, "ram_need_mb": 90.0,
+                            "peak_rss_mb": 99.0, "vm_swap_mb": 0.0}) + "\n")
 with open(os.environ["FAKE_ARGV_LOG"], "a") as f:
     f.write(json.dumps(a) + "\n")
 print("text")

@@ -1,5 +1,6 @@
 """What every suite needs: the config, the model (as the reference sees it), the engine
-command, a work directory, and the engine runs' common settings and arena sizes."""
+command and what it declared it can do, a work directory, and the engine runs' common
+settings and arena sizes."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import numpy as np
 
 from ..config.schema import CheckConfig
 from ..contract import runspec
+from ..contract.capabilities import Capabilities
+from ..contract.outputs import read_stats
 from ..contract.process import EngineCommand, EngineRun, run_engine
 from ..contract.runspec import RunSpec
 from ..gguf.facts import ModelFacts
@@ -35,8 +38,10 @@ class CheckContext:
     cfg: CheckConfig
     model_path: Path
     mf: ModelFile
-    engine: EngineCommand
+    engine: EngineCommand                # with the features it declared (caps)
     workdir: Path
+    caps: Capabilities
+    suites_run: tuple[str, ...] = ()     # the suites this check runs (selected, and the engine can take them)
     facts: ModelFacts = field(init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
     _sha: dict = field(default_factory=dict, init=False)
@@ -90,6 +95,10 @@ class CheckContext:
         # cwd stays the caller's: a relative --engine-cmd path means what the user typed
         return runspec.run(self.engine, self.model_path, spec, out, timeout=self.cfg.engine.timeout_s,
                            label=label, env=env)
+
+    def stats(self, path: Path) -> list[dict]:
+        """The run's stats records, each with every field the contract documents for this engine."""
+        return read_stats(path, self.engine.stats_fields())
 
     def run_selftest(self, label: str, layer: int, expert: int, rows: int, out: Path) -> EngineRun:
         args = runspec.selftest_args(self.model_path, layer, expert, rows, out, threads=self.threads,

@@ -1,5 +1,7 @@
-"""run_check(config) -> CheckReport: resolve the model, build the engine, plan every selected
-suite, run the tasks in a thread pool (each engine run is a subprocess), collect results.
+"""run_check(config) -> CheckReport: resolve the model, build the engine, ask what it can do
+(--contract-info), plan every selected suite (a suite needing a feature the engine lacks is
+one SKIP result saying so), run the tasks in a thread pool (each engine run is a subprocess),
+collect results.
 
 Verdicts never depend on completion order: every result is decided inside its own task,
 and results are sorted back into plan order. A task that raises becomes an `error` result
@@ -27,6 +29,7 @@ from ..gguf.file import ModelFile
 from ..perf.machine import cpu_count
 from ..synth.presets import PRESETS
 from ..synth.store import cached_model_path, resolve_model
+from .capabilities import declared, engine_for_model, lacks
 from .context import CheckContext, auto_arena_mb
 from .result import ERROR, FAIL, PASS, SKIP, CheckReport, CheckResult, SuiteInfo
 from .suites import SUITES
@@ -83,35 +86,44 @@ def run_check(cfg: CheckConfig, progress: Progress | None = None, *, build: bool
     wd = Path(tempfile.mkdtemp(prefix="epmci-check-", dir=base))
     report.meta["workdir"] = str(wd)
     try:
-        ctx = CheckContext(cfg, model_path, mf, engine, wd)
-        try:
-            suites, ready, tasks = _plan(ctx, cfg)
-        except InputError as e:        # a suite's input is unusable (e.g. a corrupt golden file): exit 2
-            report.tool_error = f"{e.where}: {e.problem}"
-            return done()
-        n_results = len(ready) + sum(max(1, len(t.names)) for _, t in tasks) + (1 if build else 0)
-        planned = getattr(progress, "planned", None)
-        if planned:
-            planned(n_results)
-
         def emit(r: CheckResult) -> None:
             report.results.append(r)
             if progress:
                 progress(r)
 
-        if build:
+        if build:        # first: an external engine may only exist once built
             say(f"building {engine.describe()} ...")
-            b = build_for_check(cfg, engine, model_path, ctx.facts, wd)
+            b = build_for_check(cfg, engine, model_path, ModelFacts.of(mf, cfg.run.slot_align, cfg.run.slot_windows), wd)
             report.suites.append(SuiteInfo("build", "engine build"))
             report.meta["build_seconds"] = round(b.seconds, 3)
             emit(build_result(b))
             if not b.ok:
                 report.tool_error = f"engine build failed: {b.message}"
                 return done()
+        caps, why = declared(cfg, engine)
+        if caps is None:
+            report.tool_error = why
+            return done()
+        report.meta["engine_contract"] = caps.to_dict()
+        unusable = engine_for_model(caps, mf)
+        if unusable:
+            report.tool_error = f"{model_path}: {unusable}"
+            return done()
+        ctx = CheckContext(cfg, model_path, mf, engine.with_features(caps.features), wd, caps)
+        report.meta["suites_not_selected"] = [s for s in SUITES if s not in cfg.suites]
+        try:
+            suites, ready, tasks = _plan(ctx, cfg)
+        except InputError as e:        # a suite's input is unusable (e.g. a corrupt golden file): exit 2
+            report.tool_error = f"{e.where}: {e.problem}"
+            return done()
+        n_checks = len(ready) + sum(max(1, len(t.names)) for _, t in tasks)
+        planned = getattr(progress, "planned", None)
+        if planned:
+            planned(n_checks + len(report.results))
         report.suites += suites
         for r in ready:
             emit(r)
-        say(f"{len(tasks)} tasks ({n_results - len(ready) - (1 if build else 0)} checks) on {jobs} worker(s)")
+        say(f"{len(tasks)} tasks ({n_checks - len(ready)} checks) on {jobs} worker(s)")
         _execute(tasks, jobs, emit)
         refusal = engine_refuses_everything(report.results)
         if refusal:
@@ -146,11 +158,13 @@ def _plan(ctx: CheckContext, cfg: CheckConfig) -> tuple[list[SuiteInfo], list[Ch
     ready: list[CheckResult] = []
     tasks: list[tuple[int, Task]] = []
     order = 0
+    missing = {name: ctx.caps.lacking(getattr(SUITES[name], "requires", ())) for name in cfg.suites}
+    ctx.suites_run = tuple(name for name in cfg.suites if not missing[name])
     for name in cfg.suites:
         suite = SUITES[name]
         infos.append(SuiteInfo(suite.name, suite.title, (suite.description or "").strip()))
         try:
-            items = suite.plan(ctx)
+            items = [lacks(name, name, missing[name], ctx.caps)] if missing[name] else suite.plan(ctx)
         except InputError:
             raise
         except Exception as e:  # a planning bug: fail closed

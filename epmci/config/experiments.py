@@ -15,6 +15,7 @@ from ..gguf.facts import ModelFacts
 from ..units import arena_mib
 
 ROUTING_PROFILE = "{routing_profile}"   # env placeholder: a --profile-out file of a baseline run
+PAGER_ARGS = frozenset({"arena_fraction", "arena_mb", "no_prefetch"})   # args only a pager takes
 
 FIXED = {
     "n_predict": 32,
@@ -57,6 +58,12 @@ class Experiment:
     @property
     def needs_routing_profile(self) -> bool:
         return ROUTING_PROFILE in self.env.values()
+
+    @property
+    def requires(self) -> tuple[str, ...]:
+        """The contract features an engine needs to run it (the SDQ_* switches are the pager's)."""
+        pager = bool(self.env) or bool(PAGER_ARGS & set(self.args))
+        return ("pager",) * pager + ("profile",) * self.needs_routing_profile
 
 
 def _x(name: str, note: str = "", env: dict | None = None, **args) -> Experiment:

@@ -26,6 +26,7 @@ class EngineConfig:
     threads: int = 1                     # -t (determinism also runs another count)
     ctx: int = 512                       # -c
     env: dict[str, str] = field(default_factory=dict)
+    features: list[str] | None = None    # None: as the engine's --contract-info declares; a list overrides it
 
 
 @dataclass

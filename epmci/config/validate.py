@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 from ..compare.stats import per_look_alpha, smallest_p
+from ..contract.capabilities import FEATURES
 from ..errors import InputError
 from .experiments import EXPERIMENTS
 from .schema import COMPARE_MODES, INCONCLUSIVE, LAYOUTS, SUITE_NAMES, CheckConfig, PerfConfig
@@ -74,6 +75,9 @@ def validate(cfg: CheckConfig) -> None:
     prompts = [cfg.prompts.layer, cfg.prompts.stress, cfg.prompts.determinism, cfg.prompts.model, cfg.prompts.switches, *cfg.prompts.e2e]
     if not cfg.prompts.e2e or any(not p for p in prompts):
         raise InputError(w, "prompts: every prompt must be non-empty, and e2e needs at least one")
+    bad = [f for f in e.features or () if f not in FEATURES]
+    if bad:
+        raise InputError(w, f"engine.features: unknown {bad} (features of the contract: {', '.join(FEATURES)})")
     for key, cmd in (("engine.cmd", e.cmd), ("engine.build_cmd", e.build_cmd)):
         if cmd is not None and not (cmd if isinstance(cmd, list) else str(cmd).strip()):
             raise InputError(w, f"{key} is empty")

@@ -21,16 +21,23 @@ STATE_DUMP_MAGIC = b"EPMR"
 VERSION = 1
 MOE_DUMP_VERSION_SHARED = 2   # MoE dump records that carry the shared expert's output
 SLOT_ERROR_PREFIX = "[epm] SLOT-ERROR"
-# Stats fields that are timings or measurements of the process and machine (io_direct_pct
-# depends on whether the file system takes O_DIRECT, ram_need_mb on the process's RSS); every
-# other field is an exact counter.
 # Every field of a stats record, in the contract's order (docs/engine-contract.md, Stats).
 STATS_FIELDS = ("phase", "tokens", "seconds", "tok_s", "hit_rate", "hits", "misses", "evictions",
                 "ssd_bytes", "ssd_bytes_per_token", "io_bytes", "n_slots", "n_slots_small", "n_slots_large",
                 "prefetch_issued", "prefetch_used", "prefetch_used_rate", "io_wait_s", "io_direct_pct",
                 "arena_mb", "ram_need_mb", "peak_rss_mb", "vm_swap_mb")
+# What every engine writes; the other fields are the pager's, which an engine without one omits.
+STATS_CORE_FIELDS = ("phase", "tokens", "seconds", "tok_s", "peak_rss_mb", "vm_swap_mb")
+# Stats fields that are timings or measurements of the process and machine (io_direct_pct
+# depends on whether the file system takes O_DIRECT, ram_need_mb on the process's RSS); every
+# other field is an exact counter.
 STATS_MEASURED_FIELDS = frozenset({"seconds", "tok_s", "io_wait_s", "io_direct_pct", "ram_need_mb",
                                    "peak_rss_mb", "vm_swap_mb"})
+
+
+def stats_fields(pager: bool) -> tuple[str, ...]:
+    """The fields every stats record of an engine with (or without) a pager must have."""
+    return STATS_FIELDS if pager else STATS_CORE_FIELDS
 
 
 class ContractError(Exception):
@@ -252,8 +259,9 @@ def read_profile(path: str | os.PathLike) -> list[tuple[int, int, int]]:
 
 # ------------------------------------------------------------------------ stats
 
-def read_stats(path: str | os.PathLike) -> list[dict]:
-    """One JSON object per line, each with a `phase`."""
+def read_stats(path: str | os.PathLike, fields: tuple[str, ...] = ()) -> list[dict]:
+    """One JSON object per line, each with a `phase` and every one of `fields` (a documented
+    field the engine left out is a failure naming it, never a counter quietly not compared)."""
     b = _read(path)
     out = []
     for i, line in enumerate(b.decode("utf-8", "replace").splitlines(), 1):
@@ -265,6 +273,10 @@ def read_stats(path: str | os.PathLike) -> list[dict]:
             raise ContractError(path, f"line {i} is not JSON ({e.msg})") from None
         if not isinstance(rec, dict) or not isinstance(rec.get("phase"), str):
             raise ContractError(path, f"line {i} has no phase")
+        missing = [f for f in fields if f not in rec]
+        if missing:
+            raise ContractError(path, f"line {i} ({rec['phase']}) lacks the documented field(s) "
+                                      f"{', '.join(missing)} (docs/engine-contract.md, Stats)")
         out.append(rec)
     if not out:
         raise ContractError(path, "no records")

@@ -7,6 +7,7 @@ inherited SDQ_* environment is dropped so a developer's shell cannot change what
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import signal
@@ -16,10 +17,13 @@ from dataclasses import dataclass
 
 from ..errors import InputError
 from . import bundled
-from .outputs import engine_error_line, slot_errors
+from .outputs import engine_error_line, slot_errors, stats_fields
 
 STDERR_TAIL_LINES = 30
 STDERR_TAIL_CHARS = 4000
+# Contract v1 had no capability declaration and made these features mandatory: an engine whose
+# features were never asked (e.g. an old base engine of --perf-base) is driven as v1 drove it.
+V1_FEATURES = frozenset({"pager", "selftest", "moe_dump", "profile"})
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,7 @@ class EngineCommand:
     bundled: bool
     env: tuple[tuple[str, str], ...] = ()
     root: str | None = None      # bundled engine: the source tree it runs from (None: the installed one)
+    features: frozenset[str] | None = None   # what it declared (epmci.contract.capabilities); None: v1
 
     @classmethod
     def from_setting(cls, cmd: str | list[str] | None, env: dict | None = None) -> "EngineCommand":
@@ -41,8 +46,19 @@ class EngineCommand:
         return cls(tuple(argv), False, env_t)
 
     def at(self, root: str | os.PathLike) -> "EngineCommand":
-        """The bundled engine of another source tree (a git worktree of --perf-base)."""
+        """The bundled engine of another source tree (a git worktree of --perf-base), whose
+        features are not this tree's."""
         return EngineCommand(self.argv, self.bundled, self.env, str(root))
+
+    def with_features(self, features) -> "EngineCommand":
+        return dataclasses.replace(self, features=frozenset(features))
+
+    def has(self, feature: str) -> bool:
+        return feature in (V1_FEATURES if self.features is None else self.features)
+
+    def stats_fields(self) -> tuple[str, ...]:
+        """The stats fields its every record must have."""
+        return stats_fields(self.has("pager"))
 
     def describe(self) -> str:
         if self.bundled:

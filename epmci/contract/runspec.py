@@ -3,7 +3,10 @@
 A RunSpec is what one engine run is asked to do -- always greedy, seed 0, raw prompt
 (--no-chat), stats and logits written into the run's output directory. The correctness
 suites, the perf measurements, golden recording, --perf-base and `epmci bench` all build
-their runs from it; the selftest has its own small builder below.
+their runs from it; the selftest has its own small builder below. The pager's flags
+(--arena-mb, --ram-budget-mb, --no-prefetch, --profile-out, --no-pager) go only to an engine
+that declares the pager (EngineCommand.has): one without it is never asked to page, nor to
+stop paging.
 """
 
 from __future__ import annotations
@@ -33,11 +36,13 @@ class RunSpec:
     env: dict = field(default_factory=dict)
     profile_out: str | None = None       # --profile-out PATH
 
-    def args(self, model: str | os.PathLike, out: Path) -> list[str]:
+    def args(self, model: str | os.PathLike, out: Path, pager_flags: bool = True) -> list[str]:
         a = ["-m", str(model), "-p", self.prompt, "-n", str(self.n_predict), "-c", str(self.ctx),
              "-t", str(self.threads), "-b", str(self.batch), "--temp", "0", "--seed", "0",
              "--no-chat", "--no-interactive", "--stats-file", str(out / STATS_FILE),
              "--dump-logits", "--logits-out", str(out / LOGITS_FILE)]
+        if not pager_flags:
+            return a
         if not self.pager:
             return a + ["--no-pager"]
         if self.arena_mb is not None:
@@ -61,7 +66,7 @@ class RunSpec:
 def run(engine: EngineCommand, model: str | os.PathLike, spec: RunSpec, out: Path, *, timeout: float,
         label: str = "", env: dict | None = None, cwd: str | os.PathLike | None = None) -> EngineRun:
     """Run `spec` with its outputs in `out`; `env` is added under the spec's own."""
-    return run_engine(engine, spec.args(model, out), timeout=timeout, label=label,
+    return run_engine(engine, spec.args(model, out, engine.has("pager")), timeout=timeout, label=label,
                       env={**(env or {}), **{str(k): str(v) for k, v in spec.env.items()}},
                       cwd=cwd, threads=spec.threads)
 

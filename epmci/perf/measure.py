@@ -81,7 +81,7 @@ def measure(engine: EngineCommand, model: str | os.PathLike, spec: RunSpec, outd
         m.failure = f"engine reported a slot error: {result.slot_errors[0]}"
         return m
     try:
-        recs = read_stats(out / STATS_FILE)
+        recs = read_stats(out / STATS_FILE, engine.stats_fields())
         logits_bytes = (out / LOGITS_FILE).read_bytes() if (out / LOGITS_FILE).exists() else b""
         logits = read_logits(out / LOGITS_FILE)
     except ContractError as err:

@@ -8,7 +8,7 @@ import sys
 from typing import TextIO
 
 from ..check.result import ERROR, FAIL, PASS, SKIP, CheckReport, CheckResult
-from .text import STATUS_LABEL, skipped_summary
+from .text import STATUS_LABEL, coverage, skipped_summary
 
 
 class ConsoleProgress:
@@ -43,10 +43,11 @@ def render_console(report: CheckReport, width: int | None = None) -> str:
     w1 = max(len(r[1]) for r in rows)
     w2, w3 = 6, max(len(r[3]) for r in rows)
     room = max(30, width - (w0 + w1 + w2 + w3 + 8))
-    lines = []
+    lines = [coverage(report)]
     note = skipped_summary(report)
     if note:
-        lines += [note, ""]
+        lines.append(note)
+    lines.append("")
     for i, (a, b, c, d, e) in enumerate(rows):
         e = e if len(e) <= room else e[:room - 3] + "..."
         lines.append(f"{a:<{w0}}  {b:<{w1}}  {c:<{w2}}  {d:>{w3}}  {e}")

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from ..check.result import ERROR, FAIL, PASS, SKIP, CheckReport
-from .text import STATUS_ICON, STATUS_LABEL, skipped_summary
+from .text import STATUS_ICON, STATUS_LABEL, coverage, skipped_summary
 
 
 def _md(s: str) -> str:
@@ -21,6 +21,7 @@ def markdown(report: CheckReport) -> str:
         out += [f"**The check could not run:** {_md(report.tool_error)}", ""]
     out.append(f"{c[PASS]} passed, {c[FAIL]} failed, {c[ERROR]} errors, {c[SKIP]} skipped "
                f"in {report.seconds:.1f} s")
+    out += ["", _md(coverage(report))]
     note = skipped_summary(report)
     if note:
         out += ["", f"**{_md(note)}**"]

@@ -22,6 +22,27 @@ def fmt_value(v) -> str:
     return str(v)
 
 
+def coverage(report: CheckReport) -> str:
+    """Which suites ran and which did not, and why: a summary says truthfully what was
+    checked. A suite ran when one of its results is not a skip; one whose results are all
+    skips did not, for its first reason (e.g. "engine lacks pager")."""
+    ran, skipped = [], []
+    for suite, results in report.by_suite().items():
+        if suite == "build" or not results:
+            continue
+        if any(r.status != SKIP for r in results):
+            ran.append(suite)
+        else:
+            why = results[0].message
+            skipped.append(f"{suite} ({why if len(why) <= 80 else why[:77] + '...'})")
+    out = f"suites run: {', '.join(ran) or 'none'}"
+    if skipped:
+        out += f"; skipped: {'; '.join(skipped)}"
+    if report.meta.get("suites_not_selected"):
+        out += f"; not selected: {', '.join(report.meta['suites_not_selected'])}"
+    return out
+
+
 def skipped_summary(report: CheckReport, reasons: int = 3) -> str | None:
     """How many checks were skipped and why (the commonest reasons first): said at the top
     of a summary, because a skipped comparison is one the gate did not make."""

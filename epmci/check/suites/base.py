@@ -1,4 +1,5 @@
-"""What a suite is: a name, a title, and a plan of independent tasks.
+"""What a suite is: a name, a title, the optional contract features it needs, and a plan of
+independent tasks.
 
 `plan(ctx)` returns Tasks (each runs engines and compares, returning CheckResults) and/or
 ready CheckResults (e.g. a skip). Tasks must not depend on each other: the runner executes
@@ -29,6 +30,7 @@ class Suite(Protocol):
     name: str
     title: str
     description: str
+    requires: tuple[str, ...]     # optional features of the contract it needs (others: SKIP, engine lacks it)
 
     def plan(self, ctx: CheckContext) -> list[Task | CheckResult]: ...
 

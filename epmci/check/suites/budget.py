@@ -11,7 +11,7 @@ against golden.
 
 from __future__ import annotations
 
-from ...contract.outputs import ContractError, read_stats
+from ...contract.outputs import ContractError
 from ...contract.runspec import STATS_FILE
 from ..context import CheckContext
 from ..result import FAIL, PASS, CheckResult
@@ -31,6 +31,7 @@ class BudgetSuite:
     name = NAME
     title = "budget: a budget below the need is refused, one just above it is kept"
     description = __doc__
+    requires = ("pager",)
 
     def plan(self, ctx: CheckContext) -> list[Task | CheckResult]:
         return [Task(NAME, "budget", lambda: self.check(ctx), names=list(RESULTS), cost=2.0)]
@@ -46,7 +47,7 @@ class BudgetSuite:
         if not probe.ok:
             return run_failed(NAME, list(RESULTS), probe, "run without a budget: ")
         try:
-            need = max(float(r.get("ram_need_mb", 0) or 0) for r in read_stats(out / STATS_FILE))
+            need = max(float(r.get("ram_need_mb", 0) or 0) for r in ctx.stats(out / STATS_FILE))
         except ContractError as e:
             return [CheckResult(NAME, n, FAIL, f"output unusable: {e}") for n in RESULTS]
         if need <= 0:
@@ -85,7 +86,7 @@ class BudgetSuite:
             return run_failed(NAME, [RESULTS[1]], run, f"with --ram-budget-mb {budget:g} (need {need} MiB): ")[0]
         props = {"need_mb": need, "budget_mb": budget}
         try:
-            peak = max(float(r.get("peak_rss_mb", 0) or 0) for r in read_stats(out / STATS_FILE))
+            peak = max(float(r.get("peak_rss_mb", 0) or 0) for r in ctx.stats(out / STATS_FILE))
         except ContractError as e:
             return CheckResult(NAME, RESULTS[1], FAIL, f"output unusable: {e}", props, run.seconds)
         props["peak_rss_mb"] = peak

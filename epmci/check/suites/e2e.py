@@ -13,13 +13,15 @@ from __future__ import annotations
 import time
 
 from ...compare.logits import compare_logits, logits_verdict
-from ...contract.outputs import ContractError, read_logits, read_stats
+from ...contract.outputs import ContractError, read_logits
 from ...contract.runspec import LOGITS_FILE, STATS_FILE
 from ..context import CheckContext
 from ..result import FAIL, PASS, SKIP, CheckResult
 from .base import Task, run_failed
 
 NAME = "e2e"
+# the suites that check the paged path, when the A/B does not run (--fast)
+PAGED_PATH_SUITES = ("kernel", "layer", "prefetch-stress", "determinism", "switches")
 
 
 def prompt_label(i: int, prompt: str) -> str:
@@ -31,16 +33,19 @@ class E2ESuite:
     name = NAME
     title = "e2e A/B: paged vs --no-pager, logits of every position"
     description = __doc__
+    requires = ("pager",)       # the A/B's two sides: paged, and --no-pager
 
     def mode(self, ctx: CheckContext) -> str:
         return "exact" if ctx.engine.bundled else ctx.cfg.e2e.compare
 
     def plan(self, ctx: CheckContext) -> list[Task | CheckResult]:
         if ctx.cfg.fast:
+            rest = [s for s in PAGED_PATH_SUITES if s in ctx.suites_run]
+            rests = (f"equivalence rests on the {', '.join(rest)} layer{'s' * (len(rest) > 1)}" if rest else
+                     "no other layer of this check runs the paged path against the reference")
             return [CheckResult(NAME, "e2e A/B", SKIP,
                                 f"skipped by --fast ({len(ctx.cfg.prompts.e2e)} prompts paged vs --no-pager "
-                                f"not run; equivalence rests on the kernel, layer, prefetch-stress and "
-                                f"determinism layers)", {"skipped_by": "--fast"})]
+                                f"not run; {rests})", {"skipped_by": "--fast", "rests_on": rest})]
         return [Task(NAME, prompt_label(i, p), lambda i=i, p=p: [self.check(ctx, i, p)],
                      names=[prompt_label(i, p)], cost=2.0)
                 for i, p in enumerate(ctx.cfg.prompts.e2e)]
@@ -69,7 +74,7 @@ class E2ESuite:
 
         try:
             la, lb = read_logits(da / LOGITS_FILE), read_logits(db / LOGITS_FILE)
-            prefill = [r for r in read_stats(db / STATS_FILE) if r["phase"] == "prefill"]
+            prefill = [r for r in ctx.stats(db / STATS_FILE) if r["phase"] == "prefill"]
             props["prompt_tokens"] = prefill[0].get("tokens") if prefill else None
         except ContractError as e:
             return result(FAIL, f"output unusable: {e}")

@@ -41,6 +41,7 @@ class KernelSuite:
     name = NAME
     title = "kernel: one expert through the paged path (--selftest) vs the reference"
     description = __doc__
+    requires = ("pager", "selftest")
 
     def pairs(self, ctx: CheckContext) -> list[tuple[int, int]]:
         p = ctx.cfg.kernel.pairs

@@ -58,6 +58,7 @@ class LayerSuite:
     name = NAME
     title = "layer: whole MoE layers of a real prompt (MoE dump) vs the reference"
     description = __doc__
+    requires = ("moe_dump",)
 
     def plan(self, ctx: CheckContext) -> list[Task | CheckResult]:
         layers = check_layers(ctx)
@@ -72,7 +73,10 @@ class LayerSuite:
     def check(self, ctx: CheckContext, names: dict[int, str]) -> list[CheckResult]:
         out = ctx.dir("layer")
         spec = ctx.spec(ctx.cfg.prompts.layer, n_predict=ctx.cfg.run.n_predict, prefetch=False)
-        run = ctx.run("layer", spec, out, env={"SDQ_MOE_DUMP": str(out / "moe"), "SDQ_PREFETCH": "0"})
+        env = {"SDQ_MOE_DUMP": str(out / "moe")}
+        if ctx.engine.has("pager"):
+            env["SDQ_PREFETCH"] = "0"
+        run = ctx.run("layer", spec, out, env=env)
         if not run.ok:
             return run_failed(NAME, list(names.values()), run)
         rows, err = evaluated_rows(out)

@@ -32,7 +32,7 @@ import numpy as np
 
 from ...compare.arrays import Tolerance
 from ...compare.logits import compare_logits, logits_verdict
-from ...contract.outputs import ContractError, read_logits, read_moe_dump, read_stats
+from ...contract.outputs import ContractError, read_logits, read_moe_dump
 from ...contract.runspec import LOGITS_FILE, STATS_FILE
 from ...reference.tokenizer import ReferenceTokenizer
 from ..context import CheckContext
@@ -59,6 +59,7 @@ class ModelSuite:
     name = NAME
     title = "model: every position of a long prompt and of decode vs the whole-model reference"
     description = __doc__
+    requires: tuple[str, ...] = ()
 
     def mode(self, ctx: CheckContext) -> str:
         return "exact" if ctx.engine.bundled else ctx.cfg.model_suite.compare
@@ -82,7 +83,9 @@ class ModelSuite:
         spec = dataclasses.replace(ctx.spec(prompt, n_predict=ms.n_predict, batch=ms.batch),
                                    ctx=len(prompt_ids) + ms.n_predict + CTX_SLACK)
         names, states = self.names(ctx), bool(deltanet_layers(ctx.mf))
-        env = {"SDQ_MOE_DUMP": str(out / "moe"), **({"SDQ_STATE_DUMP": str(out / STATE_FILE)} if states else {})}
+        env = {"SDQ_MOE_DUMP": str(out / "moe")} if ctx.engine.has("moe_dump") else {}
+        if states:
+            env["SDQ_STATE_DUMP"] = str(out / STATE_FILE)
         run = ctx.run("model", spec, out, env=env)
         if not run.ok:
             return run_failed(NAME, names, run)
@@ -103,7 +106,7 @@ class ModelSuite:
             return all_fail(f"engine reported a slot error: {run.slot_errors[0]}")
         try:
             rows = read_logits(out / LOGITS_FILE)
-            prefill = [r for r in read_stats(out / STATS_FILE) if r["phase"] == "prefill"]
+            prefill = [r for r in ctx.stats(out / STATS_FILE) if r["phase"] == "prefill"]
         except ContractError as e:
             return all_fail(f"output unusable: {e}")
         evaluated = int(prefill[0].get("tokens", -1)) if prefill else -1

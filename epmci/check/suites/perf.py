@@ -43,6 +43,7 @@ from ...perf.measure import Measurement
 from ...perf.plan import PerfPlan, prepare
 from ...perf.record import BUSY_WARN_PCT
 from ...perf.run import RunFailed, Scenario
+from ..capabilities import lacks
 from ..context import CheckContext
 from ..result import ERROR, FAIL, PASS, SKIP, CheckResult
 from .base import Task, run_failed
@@ -89,12 +90,17 @@ class PerfSuite:
     name = NAME
     title = "perf: counters, fingerprints, tok/s and peak RSS vs golden; --perf-base A/B"
     description = __doc__
+    requires: tuple[str, ...] = ()
 
     def plan(self, ctx: CheckContext) -> list[Task | CheckResult]:
         plan = prepare(ctx.cfg, ctx.model_path, ctx.facts)
         pc = ctx.cfg.perf
         items: list[Task | CheckResult] = []
         for scen in pc.scenarios:
+            missing = ctx.caps.lacking(EXPERIMENTS[scen].requires)
+            if missing:
+                items.append(lacks(NAME, scen, missing, ctx.caps))
+                continue
             names = result_names(ctx, scen)
             timed = pc.timing and self._timing_skip(ctx, plan, scen) is None
             runs = len(pc.prompts) + (plan.repeats - 1 if timed else 0)

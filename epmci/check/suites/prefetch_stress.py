@@ -12,7 +12,7 @@ not depend on any other run.
 
 from __future__ import annotations
 
-from ...contract.outputs import ContractError, read_stats, stats_total
+from ...contract.outputs import ContractError, stats_total
 from ...contract.runspec import STATS_FILE
 from ...units import MiB
 from ..context import CheckContext
@@ -27,6 +27,7 @@ class PrefetchStressSuite:
     name = NAME
     title = "prefetch-stress: prefetch on, tiny arena, eviction every token, both slot layouts"
     description = __doc__
+    requires = ("pager", "moe_dump")
 
     def plan(self, ctx: CheckContext) -> list[Task | CheckResult]:
         layers = [l for l in check_layers(ctx) if 0 <= l < ctx.facts.n_layer]
@@ -60,7 +61,7 @@ class PrefetchStressSuite:
             props["slot_errors"] = len(run.slot_errors)
             problems.append(f"engine reported {len(run.slot_errors)} slot error(s): {run.slot_errors[0]}")
         try:
-            stats = read_stats(out / STATS_FILE)
+            stats = ctx.stats(out / STATS_FILE)
             tokens = stats_total(stats, "tokens")
             for key in ("evictions", "prefetch_issued", "prefetch_used", "misses"):
                 props[key] = stats_total(stats, key)

@@ -29,10 +29,11 @@ from dataclasses import dataclass, field
 from ...compare.counters import counter_changes
 from ...compare.logits import compare_logits, logits_verdict
 from ...contract.cache_model import CacheModel, Lookup
-from ...contract.outputs import ContractError, counters_of, read_logits, read_moe_dump, read_profile, read_stats
+from ...contract.outputs import ContractError, counters_of, read_logits, read_moe_dump, read_profile
 from ...contract.runspec import LOGITS_FILE, STATS_FILE
 from ...errors import InputError
 from ...units import arena_mib
+from ..capabilities import lacks
 from ..context import CheckContext
 from ..moe_check import check_dump
 from ..result import FAIL, PASS, CheckResult
@@ -77,6 +78,7 @@ class SwitchesSuite:
     name = NAME
     title = "switches: one paged run per data-path switch, vs the reference, resident logits and the cache policy"
     description = __doc__
+    requires = ("pager", "moe_dump")
 
     def mode(self, ctx: CheckContext) -> str:
         return "exact" if ctx.engine.bundled else ctx.cfg.e2e.compare
@@ -87,8 +89,14 @@ class SwitchesSuite:
         unknown = [n for n in wanted if n not in {r.name for r in RUNS}]
         if unknown:
             raise InputError(ctx.cfg.source, f"switches.runs: unknown {unknown} (runs: {', '.join(r.name for r in RUNS)})")
-        return [Task(NAME, r.name, lambda r=r: [self.check(ctx, r, layers)], names=[r.name], cost=1.5)
-                for r in RUNS if not wanted or r.name in wanted]
+        out: list[Task | CheckResult] = []
+        for r in RUNS:
+            if wanted and r.name not in wanted:
+                continue
+            missing = ctx.caps.lacking(("profile",) if PROFILE in r.env.values() else ())
+            out.append(lacks(NAME, r.name, missing, ctx.caps) if missing else
+                       Task(NAME, r.name, lambda r=r: [self.check(ctx, r, layers)], names=[r.name], cost=1.5))
+        return out
 
     # -------------------------------------------------------------- shared runs
 
@@ -108,7 +116,7 @@ class SwitchesSuite:
             env[k] = v
         spec = ctx.spec(ctx.cfg.prompts.switches, n_predict=sw.n_predict, batch=batch, prefetch=r.prefetch,
                         arena_mb=2 * arena if ARENA in r.env.values() else arena)
-        if r.name == "default":
+        if r.name == "default" and ctx.engine.has("profile"):
             spec.profile_out = str(out / "routing.profile")
         return ctx.run(f"switches {r.name}", spec, out, env=env), out, arena
 
@@ -143,7 +151,7 @@ class SwitchesSuite:
         if not resident.ok:
             return result(FAIL, f"the resident (--no-pager) run it is compared with failed: {resident.failure()}")
         try:
-            stats = read_stats(out / STATS_FILE)
+            stats = ctx.stats(out / STATS_FILE)
             logits, rlogits = read_logits(out / LOGITS_FILE), read_logits(rdir / LOGITS_FILE)
         except ContractError as e:
             return result(FAIL, f"output unusable: {e}")
@@ -215,7 +223,7 @@ class SwitchesSuite:
             default_run, ddir, _ = self._default(ctx)
             if not default_run.ok:
                 return problems + [f"the default run it is compared with failed: {default_run.failure()}"]
-            changes = counter_changes(counters_of(read_stats(ddir / STATS_FILE)), counters_of(stats))
+            changes = counter_changes(counters_of(ctx.stats(ddir / STATS_FILE)), counters_of(stats))
             if changes:
                 problems.append("these switches must not change any counter, but: "
                                 + "; ".join(c.text() for c in changes[:4]))

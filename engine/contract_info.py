@@ -1,0 +1,34 @@
+"""`--contract-info`: what this engine declares under docs/engine-contract.md -- the
+contract version it speaks, the architectures and weight types it runs, and the optional
+features it implements. epmci reads it before gating the engine: suites that need a feature
+the engine lacks are skipped with that reason, and pager flags go only to an engine with a
+pager."""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+
+from .gguf_model import ARCHS
+from .qtypes import QTYPES
+
+CONTRACT_VERSION = 2
+NAME = "epm-engine"
+# The optional features of the contract this engine implements (docs/engine-contract.md,
+# Capabilities): the expert pager (with --no-pager, the budget and the SDQ_* switches),
+# --selftest, SDQ_MOE_DUMP, --profile-out / SDQ_PROFILE_IN.
+FEATURES = ("pager", "selftest", "moe_dump", "profile")
+
+
+def engine_version() -> str:
+    try:
+        return version("epmci")     # the distribution the bundled engine ships in
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def contract_info() -> dict:
+    return {"contract": CONTRACT_VERSION,
+            "engine": {"name": NAME, "version": engine_version()},
+            "architectures": list(ARCHS),
+            "quant_types": [t.name for t in QTYPES.values()],
+            "features": list(FEATURES)}
