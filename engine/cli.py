@@ -16,8 +16,10 @@ import sys
 from .contract_info import contract_info
 from .dumps import MoEDumpWriter, StateDumpWriter, write_atomic, write_logits
 from .gguf_model import ModelError
+from .token_file import read_tokens
 
 PROG = "epm-engine"
+N_PREDICT = 32
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -32,8 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--contract-info", action="store_true",
                     help="print what this engine declares (contract version, features) as JSON and exit")
     ap.add_argument("-m", "--model")
-    ap.add_argument("-p", "--prompt", default="")
-    ap.add_argument("-n", "--n-predict", type=int, default=32)
+    ap.add_argument("-p", "--prompt")
+    ap.add_argument("-n", "--n-predict", type=int, help=f"tokens to generate (default {N_PREDICT})")
     ap.add_argument("-c", "--ctx-size", type=int, default=512)
     ap.add_argument("-t", "--threads", type=int, default=1)
     ap.add_argument("-b", "--batch-size", type=int, default=32, help="prefill micro-batch")
@@ -50,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-prefetch", action="store_true")
     ap.add_argument("--profile-out", help="write per-(layer, expert) routing counts")
     ap.add_argument("--selftest", metavar="L:E:N:OUT", help="run one expert through the paged path")
+    ap.add_argument("--tokens-in", metavar="FILE", help="evaluate these tokens instead of -p/-n (teacher forcing)")
     return ap
 
 
@@ -68,6 +71,10 @@ def run(a: argparse.Namespace) -> int:
         raise ModelError("-m/--model: a model file is required")
     if a.dump_logits and not a.logits_out:
         raise ModelError("--dump-logits: --logits-out PATH is required")
+    if a.tokens_in and (a.prompt is not None or a.n_predict is not None):
+        raise ModelError("--tokens-in: the tokens are given, so -p and -n do not apply")
+    if a.n_predict is None:
+        a.n_predict = N_PREDICT
     for name in ("n_predict", "ctx_size", "threads", "batch_size"):
         if getattr(a, name) < (0 if name == "n_predict" else 1):
             raise ModelError(f"--{name.replace('_', '-')}: must be positive, got {getattr(a, name)}")
@@ -87,22 +94,10 @@ def run(a: argparse.Namespace) -> int:
         state_dump = StateDumpWriter(os.environ["SDQ_STATE_DUMP"]) if os.environ.get("SDQ_STATE_DUMP") else None
         if state_dump:
             engine.on_state(state_dump.write)
-        tokens = engine.encode_prompt(a.prompt, chat=not a.no_chat)
-        if not tokens:
-            raise ModelError("empty prompt")
-
-        # Tokens can split a UTF-8 character: decode incrementally, invalid bytes as U+FFFD.
-        utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-
-        def emit(tok: int) -> None:
-            sys.stdout.write(utf8.decode(engine.tokenizer.token_bytes(tok)))
-            sys.stdout.flush()
-
         try:
-            _, logits = engine.generate(tokens, a.n_predict, a.temp, a.seed, on_token=emit)
+            logits = teacher_forced(engine, a.tokens_in) if a.tokens_in else generated(engine, a)
         except ValueError as e:
             raise ModelError(str(e)) from None
-        sys.stdout.write(utf8.decode(b"", final=True) + "\n")
         for d in (dump, state_dump):
             if d:
                 d.close()
@@ -121,6 +116,32 @@ def run(a: argparse.Namespace) -> int:
     finally:
         engine.close()
     return 0
+
+
+def generated(engine, a: argparse.Namespace):
+    """The prompt's logits and the generated tokens', the text on stdout."""
+    tokens = engine.encode_prompt(a.prompt or "", chat=not a.no_chat)
+    if not tokens:
+        raise ModelError("empty prompt")
+
+    # Tokens can split a UTF-8 character: decode incrementally, invalid bytes as U+FFFD.
+    utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def emit(tok: int) -> None:
+        sys.stdout.write(utf8.decode(engine.tokenizer.token_bytes(tok)))
+        sys.stdout.flush()
+
+    _, logits = engine.generate(tokens, a.n_predict, a.temp, a.seed, on_token=emit)
+    sys.stdout.write(utf8.decode(b"", final=True) + "\n")
+    return logits
+
+
+def teacher_forced(engine, path: str):
+    """--tokens-in: every position's logits; nothing is generated, so stdout is an empty line."""
+    tokens, n_prefill = read_tokens(path, engine.tokenizer.n_vocab)
+    logits = engine.teacher_force(tokens, n_prefill)
+    sys.stdout.write("\n")
+    return logits
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -132,6 +132,16 @@ class Engine:
             rows.append(last[None, :])
         return generated, np.concatenate(rows)
 
+    def teacher_force(self, tokens: list[int], n_prefill: int) -> np.ndarray:
+        """Evaluate a given sequence (--tokens-in): the first n_prefill tokens as the prefill,
+        then every later one alone as a decode step, exactly as if it had been generated. The
+        logits of every position."""
+        if len(tokens) > self.options.n_ctx:
+            raise ValueError(f"--tokens-in: {len(tokens)} tokens exceed context {self.options.n_ctx}")
+        rows = [self.eval(tokens[:n_prefill], "prefill")]
+        rows += [self.eval([tok], "decode") for tok in tokens[n_prefill:]]
+        return np.concatenate(rows)
+
     def stats_records(self) -> list[dict]:
         return [p.record() for p in self.phases]
 

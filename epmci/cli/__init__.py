@@ -8,9 +8,9 @@ import argparse
 import sys
 
 from ..errors import InputError
-from . import bench, build, check, golden, model
+from . import bench, build, check, compare, golden, model
 
-COMMANDS = (model, build, check, golden, bench)
+COMMANDS = (model, build, check, golden, bench, compare)
 
 
 def build_parser() -> argparse.ArgumentParser:

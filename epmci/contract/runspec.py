@@ -1,7 +1,7 @@
 """The one place an engine command line is built (docs/engine-contract.md, Command line).
 
-A RunSpec is what one engine run is asked to do -- always greedy, seed 0, raw prompt
-(--no-chat), stats and logits written into the run's output directory. The correctness
+A RunSpec is what one engine run is asked to do -- greedy, seed 0, raw prompt (--no-chat)
+unless it says otherwise, stats and logits written into the run's output directory. The correctness
 suites, the perf measurements, golden recording, --perf-base and `epmci bench` all build
 their runs from it; the selftest has its own small builder below. The pager's flags
 (--arena-mb, --ram-budget-mb, --no-prefetch, --profile-out, --no-pager) go only to an engine
@@ -35,11 +35,16 @@ class RunSpec:
     prefetch: bool = True
     env: dict = field(default_factory=dict)
     profile_out: str | None = None       # --profile-out PATH
+    tokens_in: str | None = None         # --tokens-in FILE (teacher forcing) instead of -p/-n
+    chat: bool = False                   # True: the engine's chat template (no --no-chat)
+    temp: float = 0.0                    # --temp (0: greedy)
+    seed: int = 0                        # --seed
 
     def args(self, model: str | os.PathLike, out: Path, pager_flags: bool = True) -> list[str]:
-        a = ["-m", str(model), "-p", self.prompt, "-n", str(self.n_predict), "-c", str(self.ctx),
-             "-t", str(self.threads), "-b", str(self.batch), "--temp", "0", "--seed", "0",
-             "--no-chat", "--no-interactive", "--stats-file", str(out / STATS_FILE),
+        given = ["--tokens-in", self.tokens_in] if self.tokens_in else ["-p", self.prompt, "-n", str(self.n_predict)]
+        a = ["-m", str(model), *given, "-c", str(self.ctx),
+             "-t", str(self.threads), "-b", str(self.batch), "--temp", f"{self.temp:g}", "--seed", str(self.seed),
+             *([] if self.chat else ["--no-chat"]), "--no-interactive", "--stats-file", str(out / STATS_FILE),
              "--dump-logits", "--logits-out", str(out / LOGITS_FILE)]
         if not pager_flags:
             return a

@@ -21,6 +21,13 @@ micro-batch (SDQ_STATE_DUMP), and a third result compares each with the referenc
 after the same position (epmci/check/state_check.py): a state not carried across
 micro-batches, a conv window off by a token, a state reset between prefill and decode, each
 named by the first micro-batch and layer where it shows.
+
+Teacher-forced decode: an external engine compared within a tolerance (model_suite.compare
+argmax or kl) that declares teacher_forcing runs the text prompt without decoding, and its
+decode steps are then fed the reference's tokens (--tokens-in: the prompt's tokens, then
+model_suite.n_predict tokens of prompts.model, each evaluated alone as a decode step), so
+every position is compared whatever the engine would have generated. The bundled engine,
+compared exactly, keeps the text-prompt path with its own greedy decode.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ import numpy as np
 
 from ...compare.arrays import Tolerance
 from ...compare.logits import compare_logits, logits_verdict
+from ...contract.inputs import write_tokens
 from ...contract.outputs import ContractError, read_logits, read_moe_dump
 from ...contract.runspec import LOGITS_FILE, STATS_FILE
 from ...reference.tokenizer import ReferenceTokenizer
@@ -68,6 +76,10 @@ class ModelSuite:
     def names(ctx: CheckContext) -> list[str]:
         return list(RESULTS) + ([STATE_RESULT] if deltanet_layers(ctx.mf) else [])
 
+    def teacher_forced(self, ctx: CheckContext) -> bool:
+        """Its decode steps are fed the reference's tokens (--tokens-in), not its own."""
+        return self.mode(ctx) != "exact" and ctx.engine.has("teacher_forcing")
+
     def plan(self, ctx: CheckContext) -> list[Task | CheckResult]:
         ms = ctx.cfg.model_suite
         tokenizer = ReferenceTokenizer.of(ctx.mf)
@@ -80,7 +92,8 @@ class ModelSuite:
         out = ctx.dir("model")
         # room beyond prompt + decode: an engine that evaluates more positions than it was
         # given must still run, so the check can say so
-        spec = dataclasses.replace(ctx.spec(prompt, n_predict=ms.n_predict, batch=ms.batch),
+        forced = self.teacher_forced(ctx)
+        spec = dataclasses.replace(ctx.spec(prompt, n_predict=1 if forced else ms.n_predict, batch=ms.batch),
                                    ctx=len(prompt_ids) + ms.n_predict + CTX_SLACK)
         names, states = self.names(ctx), bool(deltanet_layers(ctx.mf))
         env = {"SDQ_MOE_DUMP": str(out / "moe")} if ctx.engine.has("moe_dump") else {}
@@ -101,7 +114,7 @@ class ModelSuite:
         def all_fail(msg: str) -> list[CheckResult]:
             return results([FAIL] * len(names), [msg] * len(names), props)
 
-        props: dict = {"mode": mode, "prompt_tokens": P, "batch": ms.batch}
+        props: dict = {"mode": mode, "prompt_tokens": P, "batch": ms.batch, "teacher_forced": forced}
         if run.slot_errors:
             return all_fail(f"engine reported a slot error: {run.slot_errors[0]}")
         try:
@@ -119,7 +132,8 @@ class ModelSuite:
             return all_fail(f"{rows.shape[0]} logits rows for a {P}-token prompt")
         # the tokens fed back in decode: the greedy choice (first maximum) of each row from P-1 on
         fed = [int(t) for t in np.argmax(rows[P - 1:-1], axis=1)] if rows.shape[0] > P else []
-        tokens = np.array(prompt_ids + fed, dtype=np.int32)
+        given = self.given_tokens(ctx) if forced else []
+        tokens = np.array(prompt_ids + (given if forced else fed), dtype=np.int32)
         dumped, state_error = {}, None
         if states:
             try:
@@ -134,6 +148,11 @@ class ModelSuite:
         props["decode_steps"] = len(fed)
         verdicts, msgs = [], []
         for lo, hi, what in ((0, P, "prompt"), (P, rows.shape[0], "decode")):
+            if what == "decode" and forced:
+                verdict, msg = self.forced_decode(ctx, prompt_ids, given, ref.logits, props)
+                verdicts.append(verdict)
+                msgs.append(msg)
+                continue
             a, b = ref.logits[lo:hi], rows[lo:hi]
             if hi <= lo:
                 verdicts.append(FAIL)
@@ -155,12 +174,52 @@ class ModelSuite:
                         f"{'' if what == 'prompt' else f' (decode step {first - P + 1})'}; {where}; {diff.text()}")
         if states:
             tol = Tolerance() if mode == "exact" else ctx.cfg.layer.tolerance
-            v = (compare_states(dumped, ref.state, len(tokens), P, tol) if dumped
+            v = (compare_states(dumped, ref.state, rows.shape[0], P, tol) if dumped
                  else StateVerdict(False, state_error, {}))
             props.update(v.props)
             verdicts.append(PASS if v.ok else FAIL)
             msgs.append(f"{mode}: {v.message}" if v.ok else v.message)
         return results(verdicts, msgs, props)
+
+    @staticmethod
+    def given_tokens(ctx: CheckContext) -> list[int]:
+        """The decode steps' tokens of a teacher-forced run: n_predict tokens of prompts.model."""
+        ids = ReferenceTokenizer.of(ctx.mf).encode(ctx.cfg.prompts.model, parse_special=False)
+        return [ids[i % len(ids)] for i in range(ctx.cfg.model_suite.n_predict)]
+
+    def forced_decode(self, ctx: CheckContext, prompt_ids: list[int], given: list[int], ref_logits: np.ndarray,
+                      props: dict) -> tuple[str, str]:
+        """The decode positions, teacher-forced: the prompt, then the given tokens with
+        --tokens-in, every position against the reference's logits of that sequence."""
+        ms = ctx.cfg.model_suite
+        tokens, P = prompt_ids + given, len(prompt_ids)
+        out = ctx.dir("model-teacher-forced")
+        write_tokens(out / "tokens.bin", tokens, P)
+        spec = dataclasses.replace(ctx.spec("", n_predict=0, batch=ms.batch), ctx=len(tokens) + CTX_SLACK,
+                                   tokens_in=str(out / "tokens.bin"))
+        run = ctx.run("model teacher-forced", spec, out)
+        if not run.ok:
+            return FAIL, f"the teacher-forced run (--tokens-in) failed: {run.failure()}"
+        try:
+            rows = read_logits(out / LOGITS_FILE)
+            evaluated = {r["phase"]: int(r["tokens"]) for r in ctx.stats(out / STATS_FILE)}
+        except ContractError as e:
+            return FAIL, f"the teacher-forced run's output is unusable: {e}"
+        mode, span = self.mode(ctx), f"decode steps at positions {P}..{len(tokens) - 1}, teacher-forced"
+        if rows.shape[0] != len(tokens) or evaluated.get("prefill") != P or evaluated.get("decode") != ms.n_predict:
+            return FAIL, (f"--tokens-in of {P} prefill + {ms.n_predict} decode tokens: the engine wrote "
+                          f"{rows.shape[0]} logits rows and evaluated {evaluated.get('prefill', 0)} prefill + "
+                          f"{evaluated.get('decode', 0)} decode positions (docs/engine-contract.md, Teacher forcing)")
+        whole, decode = compare_logits(ref_logits[:P], rows[:P]), compare_logits(ref_logits[P:], rows[P:])
+        props.update({f"decode_{k}": v for k, v in decode.props().items()}, decode_steps=ms.n_predict)
+        if not logits_verdict(whole, mode, ms.max_kl):
+            return FAIL, f"teacher-forced: the prompt positions of the --tokens-in run differ from the reference ({mode}): {whole.text()}"
+        if logits_verdict(decode, mode, ms.max_kl):
+            return PASS, f"{mode}: {span}: {decode.text()}"
+        first = P + self._first_bad(ref_logits[P:], rows[P:], mode, ms.max_kl)
+        props["decode_first_differing_position"] = first
+        return FAIL, (f"{span} differ from the reference ({mode}): first at position {first} (decode step "
+                      f"{first - P + 1}); {decode.text()}")
 
     @staticmethod
     def _first_bad(a: np.ndarray, b: np.ndarray, mode: str, max_kl: float) -> int:
