@@ -193,3 +193,30 @@ def test_shipped_baselines_load_and_match_the_ci_model():
         for s in g.scenarios.values():
             assert s["prompts"] and all(p["counters"]["decode"]["tokens"] > 0 for p in s["prompts"])
         assert f.stat().st_size + (f.parent / g.logits_file).stat().st_size < 200_000
+
+
+def test_golden_knows_whose_baselines_it_holds(tmp_path, capsys):
+    """A golden file records the engine's identity; another engine is foreign to it. Files
+    from before engines declared themselves know their engine by its command."""
+    g = sample_golden()
+    g.engine = {"name": "epm-engine", "version": "0.1.0", "contract": 2, "command": "bundled engine (python -m engine)"}
+    path = G.write(g, tmp_path / "t" / "m.yaml")
+    back = G.load(path)
+    assert back.engine == g.engine and back.engine_name() == "epm-engine"
+    ours = {"name": "epm-engine", "command": "python3 copy.py"}
+    assert back.foreign(ours) is None                       # a copy of the engine is the engine
+    msg = back.foreign({"name": "llama-cpp-engine", "command": "x"})
+    assert "engine 'epm-engine', this check runs 'llama-cpp-engine'" in msg
+    legacy = sample_golden()
+    legacy.recorded["engine"] = "bundled engine (python -m engine)"
+    assert legacy.foreign({"name": "epm-engine", "command": "bundled engine (python -m engine)"}) is None
+    assert "this check runs 'python3 other.py'" in legacy.foreign({"name": "epm-engine", "command": "python3 other.py"})
+    other = sample_golden()
+    other.engine = {**g.engine, "name": "llama-cpp-engine"}
+    assert "engine: epm-engine -> llama-cpp-engine" in G.diff(back, other)
+    assert "engine epm-engine 0.1.0 (contract 2)" in G.render(back)
+    d = yaml.safe_load(path.read_text())
+    d["engine"] = {"version": "1"}
+    path.write_text(G.dump_yaml(d))
+    with pytest.raises(InputError, match="engine.name: missing"):
+        G.load(path)

@@ -441,3 +441,40 @@ def test_perf_base_unknown_ref_is_exit_2(tmp_path, tiny_model, capsys):
     assert rc == 2
     assert "'no-such-ref' is not a commit" in capsys.readouterr().err
     assert epmci_main(["check", "-q", "--no-build", "--suites", "kernel", "--perf-base", "HEAD"]) == 2
+
+
+# ------------------------------------------------------------------ whose baselines
+
+OTHER_ENGINE = """
+    import engine.contract_info as CI
+    CI.NAME = "other-engine"
+"""
+
+
+@pytest.mark.parametrize("env, status", [({}, "skip"), ({"CI": "true"}, "fail")])
+def test_another_engines_runs_are_not_compared_with_golden(tmp_path, tiny_model, golden_dir, monkeypatch, env,
+                                                           status):
+    """Golden records whose baselines they are: an engine of another name is refused with one
+    line naming both (a skip, or in CI a failure as for no baseline), never 'worse than golden'."""
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    rc, rep, _ = check(tmp_path, tiny_model, golden_dir, "--engine-cmd", wrapper(tmp_path, OTHER_ENGINE))
+    res = results(rep)
+    assert rc == (1 if status == "fail" else 0), rep
+    for name, st in (("baseline: counters", status), ("baseline: decode tok/s vs golden", "skip")):
+        msg = res[name]["message"]
+        assert res[name]["status"] == st and "worse than golden" not in msg
+        assert "holds the baselines of engine 'epm-engine', this check runs 'other-engine'" in msg, msg
+    assert all(r["status"] == status for n, r in res.items() if "fingerprint" in n)
+    assert "golden_peak_rss_mb" not in res["baseline: peak RSS"]["properties"]
+
+
+def test_golden_update_does_not_replace_another_engines_baselines(tmp_path, tiny_model, golden_dir, capsys):
+    before = golden_file(golden_dir, tiny_model).read_bytes()
+    assert yaml.safe_load(before)["engine"]["name"] == "epm-engine"
+    rc = epmci_main(["golden", "update", "-q", "--no-build", "--model", str(tiny_model), "--profile", PROFILE,
+                     "--reason", "another engine", "--no-timing", "--engine-cmd", wrapper(tmp_path, OTHER_ENGINE),
+                     "--set", f"perf.golden_dir={golden_dir}", "--set", "suites=[determinism]", *SETTINGS])
+    err = capsys.readouterr().err
+    assert rc == 1 and "holds the baselines of engine 'epm-engine'" in err and "another --profile" in err
+    assert golden_file(golden_dir, tiny_model).read_bytes() == before

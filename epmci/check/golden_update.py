@@ -1,6 +1,7 @@
 """`epmci golden update` as a library call: the correctness suites first (as --fast), and only
 when every one passed, every perf scenario measured and recorded (perf.record) into the
-profile's golden file, written atomically."""
+profile's golden file, written atomically, with the identity of the engine measured (a file
+holding another engine's baselines is not replaced)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from ..gguf.file import ModelFile
 from ..perf.golden import Golden, load, write
 from ..perf.plan import prepare
 from ..perf.record import record_golden
+from .capabilities import declared
 from .result import CheckReport, CheckResult
 from .runner import run_check
 
@@ -51,14 +53,24 @@ def update_golden(cfg: CheckConfig, reason: str, *, timing: bool, repeats: int, 
         return out
     model = Path(report.meta["model"])
     mf = ModelFile(model)
-    plan = prepare(cfg, model, ModelFacts.of(mf, cfg.run.slot_align, cfg.run.slot_windows), load_golden=False)
+    engine = EngineCommand.from_setting(cfg.engine.cmd, cfg.engine.env)
+    caps, why = declared(cfg, engine)
+    if caps is None:
+        out.refused = why
+        return out
+    engine = engine.with_features(caps.features)
+    plan = prepare(cfg, model, ModelFacts.of(mf, cfg.run.slot_align, cfg.run.slot_windows), caps.identity(engine),
+                   load_golden=False)
     previous = None
     if plan.golden_file.exists():
         try:
             previous = load(plan.golden_file)
         except InputError as e:
             say(f"note: the existing {plan.golden_file} is unusable ({e.problem}); its history is lost")
-    engine = EngineCommand.from_setting(cfg.engine.cmd, cfg.engine.env)
+    if previous is not None and previous.foreign(plan.engine):
+        out.refused = (f"{previous.foreign(plan.engine)}; record this engine's baselines under another "
+                       f"--profile rather than replace them")
+        return out
     with tempfile.TemporaryDirectory(prefix="epmci-golden-") as td:
         def workdir(name: str) -> Path:
             p = Path(td) / name

@@ -47,9 +47,9 @@ class Capabilities:
     def lacking(self, features) -> list[str]:
         return [f for f in features if f not in self.features]
 
-    def identity(self) -> dict:
-        """Whose results these are, as golden baselines record it."""
-        return {"name": self.name, "version": self.version, "contract": self.contract}
+    def identity(self, engine: EngineCommand) -> dict:
+        """Whose results these are, as golden baselines record it (keyed by the name)."""
+        return {"name": self.name, "version": self.version, "contract": self.contract, "command": engine.describe()}
 
     def to_dict(self) -> dict:
         return {"contract": self.contract, "name": self.name, "version": self.version,

@@ -7,8 +7,11 @@ The model id is epmci.gguf.identity's (`<preset>-seed<seed>-gen<generator versio
 made by epmci, else `sha256-<first 16 hex digits>`); the file's sha256 is recorded either way
 and checked before anything is compared.
 
-The YAML holds: the schema version; the machine fingerprint it was recorded on
-(epmci.machine); the measurement settings; and per scenario the decode tok/s samples and
+The YAML holds: the schema version; the engine it was recorded with (its --contract-info
+name, version and contract, and the command; files recorded before engines declared
+themselves name only the command, in recorded.engine) -- another engine's runs are never
+compared with it; the machine fingerprint it was recorded on (epmci.machine); the
+measurement settings; and per scenario the decode tok/s samples and
 their median (null when recorded with --no-timing), peak RSS, and per prompt the exact
 counters of each phase and the correctness fingerprint (generated token ids, sha256 of the
 logits' float32 bytes and of the generated text). Plus the reason of this recording and a
@@ -85,6 +88,20 @@ class Golden:
     logits: dict = field(default_factory=dict)       # "<scenario>/<i>" -> float32 (rows, n_vocab)
     path: Path | None = None
     logits_file: str | None = None
+    engine: dict | None = None                       # {name, version, contract, command}; None: older file
+
+    def engine_name(self) -> str:
+        """Whose baselines these are: the engine's declared name (older files: its command)."""
+        return self.engine["name"] if self.engine else str(self.recorded.get("engine", "?"))
+
+    def foreign(self, engine: dict) -> str | None:
+        """Why runs of `engine` ({name, command, ...}) must not be compared with this golden
+        (None: they are its engine's). Older files know their engine by its command only."""
+        ours = engine["name"] if self.engine else engine["command"]
+        if ours == self.engine_name():
+            return None
+        return (f"{self.path.name if self.path else 'golden'} holds the baselines of engine {self.engine_name()!r}, "
+                f"this check runs {ours!r}: another engine's runs are not compared with them")
 
     def scenario(self, name: str) -> dict | None:
         return self.scenarios.get(name)
@@ -98,6 +115,7 @@ class Golden:
             "kind": KIND,
             "profile": self.profile,
             "model": self.model,
+            **({"engine": self.engine} if self.engine else {}),
             "recorded": self.recorded,
             "history": self.history,
             "machine": self.machine,
@@ -189,6 +207,9 @@ def load(path: str | os.PathLike) -> Golden:
     machine = d.get("machine")
     if machine is not None and not isinstance(machine, dict):
         raise InputError(p, "machine: expected a mapping or null")
+    engine = d.get("engine")
+    if engine is not None:
+        _need(engine, "name", str, p, "engine.")
     settings = _need(d, "settings", dict, p, "")
     prompts = _need(settings, "prompts", list, p, "settings.")
     for k in ("n_predict", "batch", "ctx", "threads"):
@@ -240,7 +261,7 @@ def load(path: str | os.PathLike) -> Golden:
     if hashlib.sha256(data).hexdigest() != sha:
         raise InputError(side, f"does not match the sha256 recorded in {p.name} (corrupt or stale)")
     logits = unpack_logits(data, side)
-    return Golden(profile, model, settings, scenarios, machine, recorded, history, logits, p, name)
+    return Golden(profile, model, settings, scenarios, machine, recorded, history, logits, p, name, engine)
 
 
 def find(root: str | os.PathLike, profile: str, model_id: str) -> Golden | None:
@@ -304,6 +325,8 @@ def render(g: Golden) -> str:
     m, r = g.model, g.recorded
     out = [f"golden {g.path}",
            f"  profile {g.profile}, model {m['id']} (sha256 {m['sha256'][:16]}..., {m.get('bytes', '?')} bytes)",
+           f"  engine {g.engine_name()}" + (f" {g.engine.get('version')} (contract {g.engine.get('contract')}), "
+                                             f"run as {g.engine.get('command')}" if g.engine else " (its command)"),
            f"  recorded {r.get('date', '?')} with {r.get('engine', '?')}: {r.get('reason', '')}"]
     for h in g.history:
         out.append(f"    earlier {h.get('date')}: {h.get('reason')}")
@@ -338,6 +361,8 @@ def render(g: Golden) -> str:
 def diff(a: Golden, b: Golden) -> list[str]:
     """What changed from golden a to golden b, one line per difference."""
     out = []
+    if a.engine_name() != b.engine_name():
+        out.append(f"engine: {a.engine_name()} -> {b.engine_name()}")
     if a.model.get("sha256") != b.model.get("sha256"):
         out.append(f"model: {a.model['id']} ({a.model['sha256'][:12]}) -> {b.model['id']} ({b.model['sha256'][:12]})")
     for k in sorted(set(a.settings) | set(b.settings)):

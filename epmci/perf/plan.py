@@ -32,9 +32,10 @@ class PerfPlan:
     repeats: int = 3
     base_sha: str | None = None
     repo: Path | None = None
+    engine: dict | None = None                    # the identity of the engine measured (Capabilities.identity)
 
-    def record_hint(self) -> str:
-        return f"epmci golden update --profile {self.profile} --reason \"...\""
+    def record_hint(self, other_profile: bool = False) -> str:
+        return f"epmci golden update --profile {'<profile>' if other_profile else self.profile} --reason \"...\""
 
     def scenario_specs(self, name: str, routing: str | None = None) -> list[RunSpec]:
         """The scenario's run per prompt; `routing`: the --profile-out file its hot pins read."""
@@ -50,8 +51,9 @@ def perf_settings(cfg: CheckConfig) -> dict:
             "threads": cfg.engine.threads, "ram_budget_mb": pc.ram_budget_mb, "golden_rows": pc.golden_rows}
 
 
-def prepare(cfg: CheckConfig, model_path: Path, facts: ModelFacts, load_golden: bool = True) -> PerfPlan:
-    """Golden lookup (InputError for an unusable golden file: exit 2) and run settings."""
+def prepare(cfg: CheckConfig, model_path: Path, facts: ModelFacts, engine: dict, load_golden: bool = True) -> PerfPlan:
+    """Golden lookup (InputError for an unusable golden file: exit 2) and run settings for
+    `engine` (its identity)."""
     pc = cfg.perf
     ident = model_identity(model_path)
     root = golden_root(pc.golden_dir, cfg.source)
@@ -62,7 +64,7 @@ def prepare(cfg: CheckConfig, model_path: Path, facts: ModelFacts, load_golden: 
                                 f"{model_path} has sha256 {ident['sha256'][:16]}... (same id {ident['id']}): "
                                 f"the model generator changed without a version bump, or the file is damaged")
     plan = PerfPlan(cfg, facts, ident, golden, gfile, pc.profile, fingerprint(model_path.parent),
-                    perf_settings(cfg))
+                    perf_settings(cfg), engine=engine)
     plan.repeats = pc.fast_repeats if cfg.fast else pc.repeats
     for name in pc.scenarios:
         plan.specs[name] = plan.scenario_specs(name)

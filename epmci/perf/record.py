@@ -78,6 +78,7 @@ def record_golden(engine: EngineCommand, model: Path, plan: PerfPlan, workdir: C
     return Golden(
         profile=plan.profile,
         model=plan.model_id,
+        engine=plan.engine,
         settings=plan.settings,
         scenarios=scenarios,
         machine=plan.machine,

@@ -93,7 +93,7 @@ class PerfSuite:
     requires: tuple[str, ...] = ()
 
     def plan(self, ctx: CheckContext) -> list[Task | CheckResult]:
-        plan = prepare(ctx.cfg, ctx.model_path, ctx.facts)
+        plan = prepare(ctx.cfg, ctx.model_path, ctx.facts, ctx.caps.identity(ctx.engine))
         pc = ctx.cfg.perf
         items: list[Task | CheckResult] = []
         for scen in pc.scenarios:
@@ -123,6 +123,9 @@ class PerfSuite:
         if plan.golden is None:
             why = (f"no golden baseline for profile {plan.profile!r} and model {plan.model_id['id']} "
                    f"({plan.golden_file} does not exist): record one with `{plan.record_hint()}`")
+        elif plan.golden.foreign(plan.engine):
+            why = (f"{plan.golden.foreign(plan.engine)} -- record this engine's own under another profile: "
+                   f"`{plan.record_hint(other_profile=True)}`")
         elif plan.golden.scenario(scen) is None:
             why = f"golden {plan.golden_file.name} has no scenario {scen!r}: record it with `{plan.record_hint()}`"
         else:
