@@ -40,6 +40,17 @@ def test_the_bundled_engine_passes_the_model_suite_with_its_states(tmp_path, tin
     assert all("shared expert max_abs_err 0" in m for m in messages(rep, "layer").values())
 
 
+def test_an_engine_without_the_state_dump_gets_the_state_result_skipped(tmp_path, tiny35_model):
+    """Declared features without state_dump: the logits are still compared, the state result
+    is a SKIP saying why, never dropped."""
+    rc, rep = run_check(tmp_path, tiny35_model, None, "--suites", "model", "--no-build",
+                        "--set", "engine.features=[pager,moe_dump]")
+    assert rc == 0, rep
+    assert statuses(rep, "model") == {"prompt positions": "pass", "decode positions": "pass",
+                                      "delta-net state": "skip"}
+    assert messages(rep, "model")["delta-net state"].startswith("engine lacks state_dump")
+
+
 def test_recurrent_state_not_carried_across_micro_batches(tmp_path, tiny35_model):
     rep = check_broken(tmp_path, tiny35_model, """
         import engine.deltanet as D

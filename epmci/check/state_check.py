@@ -15,8 +15,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from ..compare.arrays import Tolerance, compare_arrays
 from ..contract.outputs import ContractError, StateRecord, read_state_dump
 from ..gguf.file import ModelFile

@@ -17,7 +17,8 @@ an engine that evaluates other positions than it was given (an extra BOS token, 
 template around a --no-chat prompt).
 
 On a model with delta-net layers (qwen35moe) the run also dumps their state after every
-micro-batch (SDQ_STATE_DUMP), and a third result compares each with the reference's state
+micro-batch (SDQ_STATE_DUMP; an engine without the state_dump feature gets a SKIP), and a
+third result compares each with the reference's state
 after the same position (epmci/check/state_check.py): a state not carried across
 micro-batches, a conv window off by a token, a state reset between prefill and decode, each
 named by the first micro-batch and layer where it shows.
@@ -43,6 +44,7 @@ from ...contract.inputs import write_tokens
 from ...contract.outputs import ContractError, read_logits, read_moe_dump
 from ...contract.runspec import LOGITS_FILE, STATS_FILE
 from ...reference.tokenizer import ReferenceTokenizer
+from ..capabilities import lacks
 from ..context import CheckContext
 from ..reference_runs import whole_model
 from ..state_check import STATE_FILE, StateVerdict, compare_states, deltanet_layers, read_states
@@ -73,8 +75,12 @@ class ModelSuite:
         return "exact" if ctx.engine.bundled else ctx.cfg.model_suite.compare
 
     @staticmethod
-    def names(ctx: CheckContext) -> list[str]:
-        return list(RESULTS) + ([STATE_RESULT] if deltanet_layers(ctx.mf) else [])
+    def states(ctx: CheckContext) -> bool:
+        """The run dumps delta-net states and a third result compares them."""
+        return bool(deltanet_layers(ctx.mf)) and ctx.engine.has("state_dump")
+
+    def names(self, ctx: CheckContext) -> list[str]:
+        return list(RESULTS) + ([STATE_RESULT] if self.states(ctx) else [])
 
     def teacher_forced(self, ctx: CheckContext) -> bool:
         """Its decode steps are fed the reference's tokens (--tokens-in), not its own."""
@@ -85,7 +91,10 @@ class ModelSuite:
         tokenizer = ReferenceTokenizer.of(ctx.mf)
         positions = max(2, int(ms.context_fraction * ctx.mf.hp.n_ctx_train))
         prompt, ids = long_prompt(ctx.cfg.prompts.model, tokenizer, positions)
-        return [Task(NAME, "whole model", lambda: self.check(ctx, prompt, ids), names=self.names(ctx), cost=4.0)]
+        task = Task(NAME, "whole model", lambda: self.check(ctx, prompt, ids), names=self.names(ctx), cost=4.0)
+        if deltanet_layers(ctx.mf) and not self.states(ctx):
+            return [task, lacks(NAME, STATE_RESULT, ["state_dump"], ctx.caps)]
+        return [task]
 
     def check(self, ctx: CheckContext, prompt: str, prompt_ids: list[int]) -> list[CheckResult]:
         ms = ctx.cfg.model_suite
@@ -95,7 +104,7 @@ class ModelSuite:
         forced = self.teacher_forced(ctx)
         spec = dataclasses.replace(ctx.spec(prompt, n_predict=1 if forced else ms.n_predict, batch=ms.batch),
                                    ctx=len(prompt_ids) + ms.n_predict + CTX_SLACK)
-        names, states = self.names(ctx), bool(deltanet_layers(ctx.mf))
+        names, states = self.names(ctx), self.states(ctx)
         env = {"SDQ_MOE_DUMP": str(out / "moe")} if ctx.engine.has("moe_dump") else {}
         if states:
             env["SDQ_STATE_DUMP"] = str(out / STATE_FILE)
