@@ -199,3 +199,12 @@ def test_no_arguments_uses_the_repo_config_and_ci_model(tmp_path, monkeypatch, c
     assert rep["meta"]["model"] == str(ci_model) and rep["meta"]["model_setting"] == "ci"
     (r,) = rep["suites"][0]["results"]
     assert r["name"] == "L7 E63" and r["properties"]["expert_types"] == "Q4_K/Q4_K/Q6_K"
+
+
+def test_a_reader_that_goes_away_is_no_error(ci_model):
+    """`epmci model info M | head -1`: no traceback when the pipe closes early."""
+    import subprocess
+    import sys
+    p = subprocess.run(f"{sys.executable} -m epmci model info {ci_model} | head -1", shell=True,
+                       capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert p.stdout.strip() == str(ci_model) and p.stderr == "", p.stderr

@@ -5,6 +5,7 @@ failed, 2 the tool could not run (bad input: one line on stderr)."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from ..errors import InputError
@@ -28,6 +29,11 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as e:
         print(f"epmci: error: {e.where}: {e.problem}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # the reader went away (`epmci model info x | head`): nothing more to say; keep the
+        # interpreter from reporting the flush of the dead pipe at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

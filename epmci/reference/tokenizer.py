@@ -34,19 +34,16 @@ PRETOKENIZERS = {
 }
 
 
-def byte_alphabet() -> dict[int, str]:
-    """GPT-2's byte -> printable character map."""
+def bytes_to_unicode() -> list[tuple[int, str]]:
+    """GPT-2's byte-level alphabet as (byte, char) pairs, in its order (llama.cpp's
+    unicode_byte_to_utf8_map): '!'..'~', '¡'..'¬', '®'..'ÿ' stand for themselves, every other
+    byte, in increasing order, for chr(256 + n), n = 0, 1, ..."""
     keep = list(range(0x21, 0x7F)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-    out = {b: chr(b) for b in keep}
-    extra = 0
-    for b in range(256):
-        if b not in out:
-            out[b] = chr(256 + extra)
-            extra += 1
-    return out
+    extra = [b for b in range(256) if b not in set(keep)]
+    return [(b, chr(b)) for b in keep] + [(b, chr(256 + n)) for n, b in enumerate(extra)]
 
 
-BYTE_CHAR = byte_alphabet()
+BYTE_CHAR = dict(bytes_to_unicode())
 
 
 class ReferenceTokenizer:

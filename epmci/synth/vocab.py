@@ -29,6 +29,8 @@ from functools import lru_cache
 
 import regex
 
+from ..reference.tokenizer import PRETOKENIZERS, bytes_to_unicode
+
 __all__ = [
     "Vocab",
     "build_vocab",
@@ -46,36 +48,10 @@ TOKEN_TYPE_CONTROL = 3
 
 SPECIAL_TOKENS: tuple[str, ...] = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
-# llama.cpp src/llama-vocab.cpp, LLAMA_VOCAB_PRE_TYPE_QWEN2 (the tokenizer.json
-# regex with the case-insensitive contraction group spelled out).
-QWEN2_PRETOKENIZER_REGEX = (
-    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
-    r"|[^\r\n\p{L}\p{N}]?\p{L}+"
-    r"|\p{N}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*"
-    r"|\s*[\r\n]+"
-    r"|\s+(?!\S)"
-    r"|\s+"
-)
+# llama.cpp src/llama-vocab.cpp, LLAMA_VOCAB_PRE_TYPE_QWEN2 (the tokenizer.json regex with
+# the case-insensitive contraction group spelled out): the reference tokenizer's.
+QWEN2_PRETOKENIZER_REGEX = PRETOKENIZERS["qwen2"]
 _PRETOKENIZER = regex.compile(QWEN2_PRETOKENIZER_REGEX)
-
-
-def bytes_to_unicode() -> list[tuple[int, str]]:
-    """GPT-2 byte-level mapping as (byte, char) pairs in ``bytes_to_unicode`` order.
-
-    Same mapping as llama.cpp's ``unicode_byte_to_utf8_map`` (src/unicode.cpp):
-    '!'..'~', '¡'..'¬', '®'..'ÿ' map to themselves; every other byte b, in
-    increasing order, maps to chr(256 + n) for n = 0, 1, ...
-    """
-    bs = list(range(0x21, 0x7F)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-    cs = list(bs)
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return [(b, chr(c)) for b, c in zip(bs, cs)]
 
 
 _BYTE_TO_CHAR: list[str] = [""] * 256
