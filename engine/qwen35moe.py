@@ -1,6 +1,6 @@
 """The qwen35moe forward pass (Qwen3.5/3.6-35B-A3B's language model), in the order of
 llama.cpp's graph (src/models/qwen35moe.cpp, src/models/delta-net-base.cpp;
-../shared/docs/qwen35moe-facts.md section 3; docs/engine-contract.md):
+docs/qwen35moe.md; docs/engine-contract.md):
 
     x = token_embd[tokens]
     per layer:  h = rms_norm(x) * attn_norm

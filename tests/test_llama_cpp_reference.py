@@ -114,7 +114,7 @@ def test_engine_logits_agree_with_llama_cpp_qwen35moe(preset, llama35):
     assert kl.mean() < MAX_KL_35, f"KL mean {kl.mean():.3e}"
 
 
-# Mistakes the qwen35moe-facts.md traps warn of, each made in the reference for one test:
+# Mistakes docs/qwen35moe.md's traps warn of, each made in the reference for one test:
 # the comparison must see every one of them.
 FAULTS = {
     # value head j reading q/k head j // (V/G) (Qwen3-Next's mapping) instead of j % G

@@ -119,7 +119,7 @@ def test_calibration_prompt_routes_every_expert_and_logits_are_finite(preset):
 
 @pytest.mark.parametrize("preset", ["tiny35", "ci35"])
 def test_qwen35_model_has_documented_shapes_and_quant_mix(preset, request):
-    """Metadata and tensors as ../shared/docs/qwen35moe-facts.md §1-2 list them, llama.cpp's
+    """Metadata and tensors as docs/qwen35moe.md lists them, llama.cpp's
     F32-only tensors in F32, exactly the tensor set it consumes, two expert sizes."""
     p, q = PRESETS[preset], PRESETS[preset].qwen35
     path = request.getfixturevalue(f"{preset}_model")

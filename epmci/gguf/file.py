@@ -3,7 +3,7 @@
 Everything epmci knows about a model file comes through here. Both architectures have the
 same routed experts (gate/up/down per layer, paged); qwen35moe adds Gated DeltaNet layers
 beside the full-attention ones and a shared expert per layer, which is a dense tensor set
-and not a paged expert (../shared/docs/qwen35moe-facts.md). Tensor bytes are read
+and not a paged expert (docs/qwen35moe.md). Tensor bytes are read
 straight from the file by offset (never through the engine), so the reference stays an
 independent second implementation.
 """
@@ -107,7 +107,7 @@ class ExpertRange:
 
 
 def _must_be_f32(name: str) -> bool:
-    """qwen35moe tensors llama.cpp's CPU ops take as F32 only (qwen35moe-facts.md §2)."""
+    """qwen35moe tensors llama.cpp's CPU ops take as F32 only (docs/qwen35moe.md, Tensors)."""
     return name.endswith(("norm.weight", ".ssm_a", "ssm_dt.bias", "ssm_conv1d.weight"))
 
 

@@ -1,5 +1,5 @@
 """Reference whole-model forward for qwen3moe, in the order of llama.cpp's graph
-(src/models/qwen3moe.cpp; ../shared/docs/ggml-facts.md).
+(src/models/qwen3moe.cpp; the numerics in docs/CORRECTNESS.md).
 
 Numerics follow llama.cpp's CPU backend where they change results: activations quantized
 before every quantized product, RMSNorm sums in double, per-head q/k norm before NEOX RoPE,

@@ -1,6 +1,6 @@
 """Reference whole-model forward for qwen35moe (Qwen3.5/3.6-35B-A3B's language model), in
 the order of llama.cpp's graph (llama_model_qwen35moe::graph::graph, src/models/qwen35moe.cpp;
-../shared/docs/qwen35moe-facts.md §3):
+docs/qwen35moe.md):
 
     x = token_embd[tokens]
     per layer:  h = rms_norm(x) * attn_norm

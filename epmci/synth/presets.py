@@ -15,7 +15,7 @@ QWEN35_GENERATOR_VERSION = 1   # qwen35moe
 
 @dataclass(frozen=True)
 class Qwen35:
-    """What a qwen35moe preset adds to the qwen3moe shape (../shared/docs/qwen35moe-facts.md).
+    """What a qwen35moe preset adds to the qwen3moe shape (docs/qwen35moe.md).
 
     Layer i is full (gated) attention when (i + 1) % full_attention_interval == 0, else a
     Gated DeltaNet layer; every layer has a shared expert of n_ff_shexp beside the routed ones.

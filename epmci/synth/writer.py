@@ -4,7 +4,7 @@ The file is what llama.cpp loads for a Qwen3-MoE (qwen3moe) or Qwen3.5-MoE (qwen
 model: standard metadata keys and tensor names, gpt2 byte-level BPE tokenizer, F32 norms
 and router, K-quant / Q8_0 attention and the production expert mix (gate/up Q4_K, down Q5_K
 or Q6_K). qwen35moe adds Gated DeltaNet layers, gated attention and a shared expert
-(../shared/docs/qwen35moe-facts.md §1-2, §5). After writing, the router is calibrated so
+(docs/qwen35moe.md: metadata, tensors). After writing, the router is calibrated so
 that the calibration prompt routes to every expert of every layer.
 """
 
