@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections import OrderedDict
 
 import pytest
 
@@ -16,6 +15,7 @@ from engine.paging.arena import LayerLayout, PartLayout, plan_slots
 from engine.paging.cache_policy import CachePolicy, simulate_belady
 from engine.gguf_model import ModelError
 from engine.paging.prefetch import PrefetchQueue
+from epmci.contract.cache_model import CacheModel, Lookup
 
 
 def one_class(n_slots, n_layers=4, admit=1, need=0):
@@ -249,20 +249,10 @@ def test_never_more_slots_than_experts():
 # ---------------------------------------------------------------- Belady
 
 def _lru_hits(groups, cap):
-    c, hits = OrderedDict(), 0
-    for layer, es in groups:
-        keys = [(layer, e) for e in es]
-        for k in keys:
-            if k in c:
-                hits += 1
-                c.move_to_end(k)
-        for k in keys:
-            if k not in c:
-                if len(c) >= cap:
-                    victim = next(v for v in c if v not in keys)
-                    del c[victim]
-                c[k] = True
-    return hits
+    """LRU hits of one slot class of `cap` slots (epmci's model of the contract's policy)."""
+    n_layer = max(layer for layer, _ in groups) + 1
+    model = CacheModel([cap], [0] * n_layer, [0] * n_layer, need=0)
+    return model.run([Lookup("run", layer, list(es)) for layer, es in groups])["run"].hits
 
 
 def _opt_hits(seq, cap):

@@ -16,7 +16,6 @@ import random
 import re
 import subprocess
 import sys
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +27,7 @@ from engine.paging.config import PagerConfig
 from engine.paging.pager import Pager
 from engine.runtime import Engine, Options
 from engine.selftest import run_selftest
+from epmci.contract.cache_model import CacheModel, Lookup
 from epmci.contract.outputs import STATS_FIELDS, STATS_MEASURED_FIELDS, read_selftest
 from epmci.gguf.file import ModelFile
 from epmci.synth.store import make_model
@@ -240,24 +240,11 @@ def test_counters_do_not_depend_on_io_timing(ci, sizes, resident, monkeypatch):
 
 
 def _reference_lru(routing, n_slots, class_of_layer):
-    """Independent LRU per slot class: a micro-batch's hits first, then each miss evicts
-    the least recently used entry that the micro-batch does not use."""
-    caches = [OrderedDict() for _ in n_slots]
-    hits, missed = 0, []
-    for layer, experts in routing:
-        c = caches[class_of_layer[layer]]
-        keys = [(layer, e) for e in experts]
-        for k in keys:
-            if k in c:
-                hits += 1
-                c.move_to_end(k)
-        for k in keys:
-            if k not in c:
-                missed.append(k)
-                if len(c) >= n_slots[class_of_layer[layer]]:
-                    del c[next(v for v in c if v not in keys)]
-                c[k] = True
-    return hits, missed
+    """The contract's cache policy (epmci's independent model) on this run's routing:
+    hits, and the misses in the order they must be read."""
+    model = CacheModel(list(n_slots), list(class_of_layer), [0] * len(class_of_layer), need=0)
+    c = model.run([Lookup("run", layer, experts) for layer, experts in routing])["run"]
+    return c.hits, c.reads
 
 
 @pytest.mark.parametrize("frac,env", [(0.15, NOPF), (0.10, {**UNIFORM, **NOPF}), ("min+", NOPF)])

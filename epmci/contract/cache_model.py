@@ -34,6 +34,7 @@ class PhaseCounters:
     misses: int = 0
     evictions: int = 0
     ssd_bytes: int = 0
+    reads: list[Key] = field(default_factory=list)   # every miss, in the order it is read
 
     def as_dict(self) -> dict:
         return {"hits": self.hits, "misses": self.misses, "evictions": self.evictions, "ssd_bytes": self.ssd_bytes}
@@ -78,6 +79,7 @@ class CacheModel:
                 if key in in_use:
                     continue
                 c.misses += 1
+                c.reads.append(key)
                 c.ssd_bytes += self.expert_bytes[lk.layer]
                 if seen[key] < self.admit_min_hits:
                     continue                                  # transient buffer: nothing evicted
