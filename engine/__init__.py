@@ -1,4 +1,4 @@
-"""The expert-paged qwen3moe engine under test (see docs/engine-contract.md)."""
+"""The expert-paged qwen3moe and qwen35moe engine under test (see docs/engine-contract.md)."""
 
 import os
 

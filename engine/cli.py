@@ -30,7 +30,7 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = ArgumentParser(prog=PROG, description="expert-paged qwen3moe engine")
+    ap = ArgumentParser(prog=PROG, description="expert-paged qwen3moe and qwen35moe engine")
     ap.add_argument("--contract-info", action="store_true",
                     help="print what this engine declares (contract version, features) as JSON and exit")
     ap.add_argument("-m", "--model")

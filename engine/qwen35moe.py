@@ -43,7 +43,7 @@ F32 = np.float32
 class Qwen35Trace(MoETrace):
     """A layer's MoE for one micro-batch (MoETrace: the routed experts) and its gated
     shared expert's output, kept apart."""
-    shared: np.ndarray = None
+    shared: np.ndarray | None = None
 
 
 @dataclass
@@ -61,8 +61,8 @@ def attention_layers(hp: HParams) -> list[int]:
 
 
 def state_bytes(hp: HParams, n_ctx: int) -> int:
-    """What the forward keeps between micro-batches: the attention layers' F16 KV cache and
-    every delta-net layer's conv window and recurrent matrix (F32)."""
+    """What the forward keeps between micro-batches: the attention layers' KV cache and every
+    delta-net layer's conv window and recurrent matrix (F32)."""
     s = hp.ssm
     per_deltanet = 4 * (s.conv_dim * (s.conv_kernel - 1) + s.time_step_rank * s.state_size ** 2)
     n_attn = len(attention_layers(hp))

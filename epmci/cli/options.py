@@ -12,7 +12,7 @@ from ..errors import InputError
 
 def add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="settings file (default: epmci.yaml in the cwd or a parent)")
-    p.add_argument("--model", help="preset name (made on first use) or path to a qwen3moe GGUF")
+    p.add_argument("--model", help="preset name (made on first use) or path to a qwen3moe or qwen35moe GGUF")
     p.add_argument("--engine-cmd", help="engine command line speaking docs/engine-contract.md "
                                         "(default: the bundled engine)")
     p.add_argument("--build-cmd", help="external engine: its build command")
