@@ -408,6 +408,26 @@ def test_gate_check_uses_the_profile_and_the_perf_base(gate_wf):
     assert env["PUSH_BEFORE"] == "${{ github.event.before }}"
 
 
+def test_gate_runs_every_gate_model(gate_wf, golden_wf):
+    """One gate job per model: ci (qwen3moe) and ci35 (qwen35moe), each with its own check
+    run, artifact and concurrency group; golden-update records baselines for the same list."""
+    gate = gate_wf["jobs"]["gate"]
+    models = gate["strategy"]["matrix"]["model"]
+    assert models == ["ci", "ci35"] and gate["strategy"]["fail-fast"] is False
+    assert gate["env"]["MODEL"] == "${{ matrix.model }}"
+    assert "matrix.model" in gate["concurrency"]["group"] and "matrix.model" in gate["name"]
+    up = next(s for s in gate["steps"] if uses(s).startswith("actions/upload-artifact@"))
+    pub = next(s for s in gate["steps"] if uses(s).startswith("mikepenz/action-junit-report@"))
+    assert "matrix.model" in up["with"]["name"] and "matrix.model" in pub["with"]["check_name"]
+    gate_cmds = [a for j, _l, a in workflow_commands(GATE_FILE) if j == "gate"]
+    checks = [a for a in gate_cmds if has_prefix(a, "epmci", "check")]
+    builds = [a for a in gate_cmds if has_prefix(a, "epmci", "build")]    # warms up that model's forward
+    assert checks and builds and all(a[a.index("--model") + 1] == "X" for a in checks + builds)    # "$MODEL"
+    assert golden_wf["jobs"]["update"]["env"]["MODELS"].split() == models
+    updates = [a for _j, _l, a in workflow_commands(GOLDEN_FILE) if has_prefix(a, "epmci", "golden", "update")]
+    assert updates[0][updates[0].index("--model") + 1] == "X"                  # "$model" of the loop
+
+
 def test_check_failures_fail_the_job(gate_wf):
     for job_id in ("gate", "smoke"):
         for step in gate_wf["jobs"][job_id]["steps"]:
@@ -563,11 +583,12 @@ def test_perf_base_step(gate_wf, tmp_path, event, pr_base, before, known, want):
 @pytest.mark.parametrize("perf_base", [SHA_A, ""])
 def test_check_step_exit_code_and_perf_base(gate_wf, tmp_path, rc, perf_base):
     step = step_by_id(gate_wf["jobs"]["gate"], "check")
-    r, _ = _run_step(step, tmp_path, {"PERF_BASE": perf_base, "EPMCI_STUB_RC": str(rc)})
+    r, _ = _run_step(step, tmp_path, {"PERF_BASE": perf_base, "EPMCI_STUB_RC": str(rc), "MODEL": "ci35"})
     assert r.returncode == rc, (r.stdout, r.stderr)        # 1 and 2 both fail the job
     calls = [json.loads(l) for l in (tmp_path / "epmci.log").read_text().splitlines()]
     assert len(calls) == 1 and calls[0][:1] == ["check"]
     argv = calls[0]
+    assert argv[argv.index("--model") + 1] == "ci35"
     if perf_base:
         assert argv[argv.index("--perf-base") + 1] == perf_base
     else:
