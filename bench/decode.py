@@ -44,6 +44,15 @@ def die(msg: str) -> None:
     sys.exit(2)
 
 
+def warm_page_cache(path: str) -> None:
+    """Read the whole file once, so a resident run after the paged one (which drops the
+    model's pages) starts with the page cache warm, as every resident row is measured."""
+    buf = bytearray(16 * MiB)
+    with open(path, "rb", buffering=0) as f:
+        while f.readinto(buf):
+            pass
+
+
 def engine_run(model: str, prompt: str, threads: int, a, cap: MemoryCap | None = None) -> dict:
     with tempfile.TemporaryDirectory() as td:
         stats = Path(td) / "stats.jsonl"
@@ -60,6 +69,7 @@ def engine_run(model: str, prompt: str, threads: int, a, cap: MemoryCap | None =
             cmd += ["-b", "8", "--arena-mb", str(arena_mb), "--ram-budget-mb", str(cap.limit // MiB)]
             drop_page_cache(model)
             r = run_capped(cap, cmd, a.timeout)
+            warm_page_cache(model)
         if r.returncode != 0:
             return {"error": f"exit {r.returncode}: {r.stderr.strip()[-300:]}"}
         recs = {json.loads(line)["phase"]: json.loads(line) for line in stats.read_text().splitlines()}
@@ -132,10 +142,11 @@ def main() -> int:
         cap = MemoryCap(int(os.path.getsize(a.model) / 3))
         settings["paged engine -t 2, cap 1/3"] = lambda: engine_run(a.model, prompt, 2, a, cap)
     runs: dict[str, list[dict]] = {name: [] for name in settings}
+    warm_page_cache(a.model)
     try:
         for rnd in range(a.repeat + 1):
             for name, run in settings.items():
-                r = run()
+                r = {**run(), "load_avg_1min": os.getloadavg()[0]}   # how busy the shared machine was
                 if rnd > 0:
                     runs[name].append(r)
                 print(f"[{'warm-up' if rnd == 0 else f'{rnd}/{a.repeat}'}] {name}: {r}", file=sys.stderr)
@@ -144,8 +155,9 @@ def main() -> int:
             cap.close()
     med = {name: {k: median(rs, k) for k in ("prefill_tok_s", "decode_tok_s")} for name, rs in runs.items()}
     ntok = next((r["prompt_tokens"] for rs in runs.values() for r in rs if "prompt_tokens" in r), None)
+    loads = [r["load_avg_1min"] for rs in runs.values() for r in rs]
     print(f"model {a.model}; prompt {ntok} tokens, {a.n_predict} generated; median of {a.repeat} "
-          f"interleaved rounds")
+          f"interleaved rounds; load average {min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} CPUs")
     print("| setting | prefill tok/s | decode tok/s | runs ok |")
     print("|---|---:|---:|---:|")
     for name, rs in runs.items():

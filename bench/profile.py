@@ -128,8 +128,6 @@ def group(key: str) -> str:
         return "attention (probs, values)"
     if key.startswith("  of which"):
         return "  of which activation quantization"
-    if key.startswith("Activation.rows"):
-        return "MoE row copies (Activation.rows)"
     return "norms, RoPE, softmax, SwiGLU, embedding"
 
 
