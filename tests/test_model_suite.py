@@ -91,3 +91,23 @@ def test_an_engine_evaluating_other_positions_fails(tmp_path, tiny_model, fault,
     st, msg = model_results(tmp_path, tiny_model, fault)
     assert set(st.values()) == {"fail"}, what
     assert "the engine does not evaluate the prompt it was given" in msg["prompt positions"], what
+
+
+# Tokenizer faults only a prompt with non-ASCII text shows (prompts.model has CJK and a
+# combining accent): the engine tokenizes the prompt, the reference tokenizes it independently.
+@pytest.mark.parametrize("fault, what", [
+    ("""
+        import unicodedata
+        import engine.tokenizer as T
+        good = T.Tokenizer.encode
+        T.Tokenizer.encode = lambda self, text, *a, **k: good(self, unicodedata.normalize("NFC", text), *a, **k)
+    """, "the prompt NFC-normalized before tokenizing"),
+    ("""
+        import engine.tokenizer as T
+        T._BYTE_TO_CHAR[0xE4], T._BYTE_TO_CHAR[0xE8] = T._BYTE_TO_CHAR[0xE8], T._BYTE_TO_CHAR[0xE4]
+    """, "two UTF-8 lead bytes of CJK characters mapped to each other's byte-level character"),
+])
+def test_an_engine_tokenizing_non_ascii_text_wrongly_fails(tmp_path, tiny_model, fault, what):
+    st, msg = model_results(tmp_path, tiny_model, fault)
+    assert st["prompt positions"] == "fail", what
+

@@ -51,9 +51,12 @@ class PromptConfig:
         "The", "a", "The capital of France is",
         "Write one sentence about SSD caching.", "請用一句話介紹你自己。"])
     switches: str = "Write one sentence about SSD caching, then explain why experts are paged."
-    # the model suite repeats this text until the prompt is long enough (model_suite.context_fraction)
-    model: str = ("Experts are read from the disk into a fixed arena of slots. The router picks a few "
-                  "experts for every token, and the pager keeps the hot ones in memory. ")
+    # the model suite repeats this text until the prompt is long enough (model_suite.context_fraction);
+    # digits, contractions, punctuation before letters, CJK, a combining accent and blank lines, so
+    # the engine's tokenizer is compared with the reference's on what pre-tokenizers split differently
+    model: str = ("Experts are read from the disk into a fixed arena of 64 slots (2.5 MiB each). The "
+                  "router picks 8 of 256 experts for every token -- it's fast -- and the pager keeps "
+                  "the hot ones in memory: 請用一句話介紹你自己。 Cafe\u0301 costs 1,900,544 B!\n\n")
 
 
 @dataclass
