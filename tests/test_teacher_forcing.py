@@ -96,18 +96,20 @@ def test_model_suite_feeds_an_external_engine_the_reference_tokens(tmp_path, tin
     ("""
         import engine.runtime as R
         R.Engine.teacher_force = lambda self, tokens, n_prefill: self.eval(tokens, "prefill")
-    """, "evaluated 182 prefill + 0 decode positions"),
+    """, "evaluated {all} prefill + 0 decode positions"),
     # decode steps rotated as if at position 0
     ("""
         import engine.ops as O
         good = O.rope_cache
         O.rope_cache = lambda positions, d, base: good(positions * 0 if len(positions) == 1 else positions, d, base)
-    """, "teacher-forced differ from the reference (kl): first at position 174 (decode step 1)"),
+    """, "teacher-forced differ from the reference (kl): first at position {first_decode} (decode step 1)"),
 ])
 def test_a_forced_decode_fault_fails_decode_positions(tmp_path, tiny_model, fault, words):
     rc, rep = run_check(tmp_path, tiny_model, broken_engine(tmp_path, fault), *KL)
     st = {r["name"]: (r["status"], r["message"]) for r in results(rep, "model")}
     assert rc == 1 and st["prompt positions"][0] == "pass", st
+    P = results(rep, "model")[0]["properties"]["prompt_tokens"]
+    words = words.format(all=P + 8, first_decode=P)
     assert st["decode positions"][0] == "fail" and words in st["decode positions"][1], st
 
 
