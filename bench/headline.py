@@ -1,21 +1,24 @@
 #!/usr/bin/env python3
 """Headline benchmark: the paged engine vs llama.cpp (mmap) inside a memory cap.
 
-Both run the same GGUF (default: the bench preset, ~3 GB) in a cgroup-v1 memory limit of
-one third of the file -- the limit counts the page cache too, so llama.cpp's mmap cannot
-keep the model resident and the engine must live within its arena. The model's pages are
-dropped from the page cache before every run. Decode tok/s, median of --repeat runs,
-interleaved (engine, engine --no-prefetch, llama.cpp, engine, ...) so all see the same machine
-conditions. Needs root and /sys/fs/cgroup/memory. llama.cpp is skipped when llama_cpp is absent.
-The runs are also written as JSON (--out) so the table can be re-rendered or compared.
+Both run the same GGUF (default: the bench preset, ~3 GB; --preset or --model for another)
+in a cgroup-v1 memory limit of one third of the file -- the limit counts the page cache
+too, so llama.cpp's mmap cannot keep the model resident and the engine must live within
+its arena. The model's pages are dropped from the page cache before every run. Decode
+tok/s, median of --repeat runs, interleaved (engine, engine --no-prefetch, llama.cpp,
+engine, ...) so all see the same machine conditions. Needs root and /sys/fs/cgroup/memory.
+llama.cpp is skipped when llama_cpp is absent. The runs are also written as JSON (--out) so
+the table can be re-rendered or compared.
 
-Usage: python bench/headline.py [--model PATH] [--repeat 3] [--n-predict 16] [--threads 2]
-                                [--cap-fraction 0.333] [--out results/headline.json]
-                                [--buffered-too] [--ref GIT_REF] [--no-llama]
+Usage: python bench/headline.py [--model PATH | --preset bench] [--repeat 3] [--n-predict 16]
+                                [--threads 2] [--cap-fraction 0.333] [--out results/headline.json]
+                                [--resident-too] [--buffered-too] [--ref GIT_REF] [--no-llama]
 
---buffered-too and --ref add rows to the same interleaved run: the engine with exact
-buffered reads, and the engine of another commit (an A/B of an engine change measured on
-the same machine state, the only comparison this shared box supports).
+--resident-too, --buffered-too and --ref add rows to the same interleaved run: the engine
+(`--no-pager`) and llama.cpp with the whole file in memory (no limit; the file read into the
+page cache before each run, inside the rows' own cgroup, so their peak counts it); the engine
+with exact buffered reads; and the engine of another commit (an A/B of an engine change
+measured on the same machine state, the only comparison this shared box supports).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
@@ -55,12 +59,14 @@ LLAMA_SCRIPT = textwrap.dedent("""
 
 
 class MemoryCap:
-    """A cgroup-v1 memory cgroup with a hard limit; children join it before exec."""
+    """A cgroup-v1 memory cgroup with a hard limit (None: no limit, only the peak is measured);
+    children join it before exec."""
 
-    def __init__(self, limit_bytes: int):
-        self.path = CGROUP_ROOT / f"epmci-headline-{os.getpid()}"
+    def __init__(self, limit_bytes: int | None, name: str = "capped"):
+        self.path = CGROUP_ROOT / f"epmci-headline-{os.getpid()}-{name}"
         self.path.mkdir()
-        (self.path / "memory.limit_in_bytes").write_text(str(limit_bytes))
+        if limit_bytes is not None:
+            (self.path / "memory.limit_in_bytes").write_text(str(limit_bytes))
         self.limit = limit_bytes
 
     def join(self) -> None:  # runs in the child between fork and exec
@@ -89,16 +95,36 @@ def run_capped(cap: MemoryCap, cmd: list[str], timeout: float, env: dict[str, st
         return subprocess.CompletedProcess(cmd, -999, e.stdout or "", f"timeout after {timeout}s")
 
 
-def engine_run(cap, model, a, arena_mb, extra: list[str], env: dict[str, str], cwd: str | None) -> dict:
+@dataclass
+class Row:
+    """One engine row of the table: extra engine arguments, environment and checkout, and
+    whether it runs resident (no limit, file in the page cache) or paged in the cap."""
+    extra: list[str]
+    env: dict[str, str]
+    cwd: str | None = None
+    resident: bool = False
+
+
+def warm_page_cache(cgroup: MemoryCap, model: str) -> None:
+    """Read the whole file into the page cache from a child in `cgroup` (its pages are then
+    charged there, so the resident rows' peak counts the file they run from)."""
+    drop_page_cache(model)
+    subprocess.run(["cat", model], stdout=subprocess.DEVNULL, check=True, preexec_fn=cgroup.join)
+
+
+def engine_run(cap, model, a, row: Row, arena_mb: int) -> dict:
     with tempfile.TemporaryDirectory() as td:
         stats = Path(td) / "s.jsonl"
+        memory = (["--no-pager"] if row.resident else
+                  ["--arena-mb", str(arena_mb), "--ram-budget-mb", str(cap.limit // 2**20)])
         cmd = [sys.executable, "-m", "engine", "-m", model, "-p", PROMPT, "-n", str(a.n_predict),
-               "-t", str(a.threads), "-b", "8", "--no-chat", "--arena-mb", str(arena_mb),
-               "--ram-budget-mb", str(cap.limit // 2**20), "--stats-file", str(stats), *extra]
-        r = run_capped(cap, cmd, a.timeout, env, cwd)
+               "-t", str(a.threads), "-b", "8", "--no-chat", *memory, "--stats-file", str(stats), *row.extra]
+        r = run_capped(cap, cmd, a.timeout, row.env, row.cwd)
         if r.returncode != 0:
             return {"error": f"exit {r.returncode}: {r.stderr.strip()[-300:]}", **cap.stats()}
         dec = {json.loads(l)["phase"]: json.loads(l) for l in stats.read_text().splitlines()}["decode"]
+        if row.resident:  # no pager: the paging counters are all 0 and say nothing
+            return {"tok_s": dec["tok_s"], "peak_rss_mb": dec["peak_rss_mb"], **cap.stats()}
         return {"tok_s": dec["tok_s"], "hit_rate": dec["hit_rate"],
                 "mb_per_token": dec["ssd_bytes_per_token"] / 2**20, "peak_rss_mb": dec["peak_rss_mb"],
                 "prefetch_issued": dec["prefetch_issued"], "prefetch_used": dec["prefetch_used"],
@@ -156,7 +182,8 @@ def llama_run(cap, model, a) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model")
+    ap.add_argument("--model", help="GGUF file (default: the --preset's model)")
+    ap.add_argument("--preset", default="bench", help="preset whose cached model to run (made if missing)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--n-predict", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
@@ -164,6 +191,8 @@ def main() -> int:
     ap.add_argument("--arena-fraction", type=float, default=0.55, help="of the cap, for the engine's arena")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--out", help="write the runs and medians as JSON here")
+    ap.add_argument("--resident-too", action="store_true",
+                    help="also run the engine (--no-pager) and llama.cpp without a limit, the file in the page cache")
     ap.add_argument("--buffered-too", action="store_true",
                     help="also run both engine rows with SDQ_DIRECT_IO=0 (exact reads through the page cache)")
     ap.add_argument("--ref", help="also run both engine rows with the engine of this git ref (a temporary "
@@ -174,10 +203,13 @@ def main() -> int:
         die("needs root and the cgroup-v1 memory controller at /sys/fs/cgroup/memory")
     if a.model is None:
         from epmci.synth.store import make_model
-        a.model = str(make_model("bench"))
+        a.model = str(make_model(a.preset))
+    if not os.path.isfile(a.model):
+        die(f"{a.model}: no such file")
     size = os.path.getsize(a.model)
     worktree = ref_worktree(a.ref) if a.ref else None   # before the cgroup: a bad ref leaves nothing
     cap = MemoryCap(int(size * a.cap_fraction))
+    unlimited = MemoryCap(None, "resident") if a.resident_too else None
     arena_mb = int(cap.limit * a.arena_fraction / 2**20)
     try:
         import llama_cpp  # noqa: F401
@@ -186,26 +218,41 @@ def main() -> int:
         have_llama = False
     # prefetch off too: layer-ahead predictions that miss read bytes nobody uses, which
     # matters most when the disk is the bottleneck
-    engines = {"engine": ([], {}, None), "engine --no-prefetch": (["--no-prefetch"], {}, None)}
+    engines = {"engine": Row([], {}), "engine --no-prefetch": Row(["--no-prefetch"], {})}
     if a.buffered_too:
-        engines.update({f"{name}, SDQ_DIRECT_IO=0": (extra, {"SDQ_DIRECT_IO": "0"}, None)
-                        for name, (extra, _, _) in list(engines.items())})
+        engines.update({f"{name}, SDQ_DIRECT_IO=0": Row(row.extra, {"SDQ_DIRECT_IO": "0"})
+                        for name, row in list(engines.items())})
+    if unlimited:
+        engines["engine --no-pager, resident"] = Row([], {}, resident=True)
     if worktree:
-        engines.update({f"{name} @{a.ref}": (extra, {"PYTHONPATH": worktree}, worktree)
-                        for name, (extra, _, _) in list(engines.items())})
-    runs: dict[str, list[dict]] = {name: [] for name in (*engines, "llama.cpp")}
+        engines.update({f"{name} @{a.ref}": Row(row.extra, {**row.env, "PYTHONPATH": worktree}, worktree,
+                                                row.resident)
+                        for name, row in list(engines.items())})
+    llamas = {"llama.cpp": False, **({"llama.cpp, resident": True} if unlimited else {})}
+    runs: dict[str, list[dict]] = {name: [] for name in (*engines, *llamas)}
+
+    def cgroup_for(resident: bool) -> MemoryCap:
+        """The run's cgroup, with the page cache as the run expects it: the file read in
+        (resident) or dropped (capped)."""
+        if resident:
+            warm_page_cache(unlimited, a.model)
+            return unlimited
+        drop_page_cache(a.model)
+        return cap
+
     try:
         for i in range(a.repeat):
-            for name, (extra, env, cwd) in engines.items():
-                drop_page_cache(a.model)
-                runs[name].append(engine_run(cap, a.model, a, arena_mb, extra, env, cwd))
+            for name, row in engines.items():
+                runs[name].append(engine_run(cgroup_for(row.resident), a.model, a, row, arena_mb))
                 print(f"[{i + 1}/{a.repeat}] {name} {runs[name][-1]}", file=sys.stderr)
-            if have_llama:
-                drop_page_cache(a.model)
-                runs["llama.cpp"].append(llama_run(cap, a.model, a))
-                print(f"[{i + 1}/{a.repeat}] llama.cpp {runs['llama.cpp'][-1]}", file=sys.stderr)
+            for name, resident in (llamas.items() if have_llama else ()):
+                runs[name].append(llama_run(cgroup_for(resident), a.model, a))
+                print(f"[{i + 1}/{a.repeat}] {name} {runs[name][-1]}", file=sys.stderr)
     finally:
+        drop_page_cache(a.model)   # the resident cgroup holds the file's pages until they go
         cap.close()
+        if unlimited:
+            unlimited.close()
         if worktree:
             remove_worktree(worktree)
     print(f"model {a.model}: {size / 2**30:.2f} GiB; cap {cap.limit / 2**30:.2f} GiB "
@@ -233,10 +280,9 @@ def main() -> int:
         print(f"| {name} | {med[name]:.2f} | {len(ok)}/{len(rs)} | {'' if hit is None else f'{hit:.1f} %'} "
               f"| {'' if mbt is None else f'{mbt:.1f}'} | {pf} | {direct} | {max(r['max_usage_mb'] for r in ok):.0f} |")
     print()
-    if "llama.cpp" in med:
-        for name in engines:
-            if name in med:
-                print(f"ratio {name} / llama.cpp: {med[name] / med['llama.cpp']:.2f}x")
+    for llama in (name for name in llamas if name in med):
+        for name in (name for name in engines if name in med):
+            print(f"ratio {name} / {llama}: {med[name] / med[llama]:.2f}x")
     if a.out:
         write_json(a.out, {"model": a.model, "file_bytes": size, "cap_bytes": cap.limit, "arena_mb": arena_mb,
                            "threads": a.threads, "n_predict": a.n_predict, "runs": runs, "median_tok_s": med})
