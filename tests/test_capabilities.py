@@ -128,7 +128,7 @@ def test_an_engine_without_a_pager_is_gated_by_what_it_has(tmp_path, tiny_model)
                           for s in rep["suites"] for r in s["results"]], meta=rep["meta"])
     line = coverage(report)
     assert line.startswith("suites run: layer, determinism; skipped: kernel (engine lacks pager, selftest")
-    assert "not selected: prefetch-stress, model, switches, perf" in line
+    assert "not selected: contract, prefetch-stress, model, switches, perf" in line
 
 
 @pytest.mark.usefixtures("built_engine")

@@ -91,9 +91,11 @@ class CheckContext:
                        arena_mb=arena_mb if arena_mb is not None else self.arena_mb(batch),
                        ram_budget_mb=self.cfg.run.ram_budget_mb, prefetch=prefetch)
 
-    def run(self, label: str, spec: RunSpec, out: Path, env: dict[str, str] | None = None) -> EngineRun:
+    def run(self, label: str, spec: RunSpec, out: Path, env: dict[str, str] | None = None,
+            model: Path | None = None) -> EngineRun:
+        """`spec` on the check's model (or `model`, e.g. a patched copy of it)."""
         # cwd stays the caller's: a relative --engine-cmd path means what the user typed
-        return runspec.run(self.engine, self.model_path, spec, out, timeout=self.cfg.engine.timeout_s,
+        return runspec.run(self.engine, model or self.model_path, spec, out, timeout=self.cfg.engine.timeout_s,
                            label=label, env=env)
 
     def stats(self, path: Path) -> list[dict]:

@@ -9,9 +9,9 @@ import os
 import sys
 
 from ..errors import InputError
-from . import bench, build, check, compare, golden, model
+from . import bench, build, check, compare, contract_test, golden, model
 
-COMMANDS = (model, build, check, golden, bench, compare)
+COMMANDS = (model, build, check, contract_test, golden, bench, compare)
 
 
 def build_parser() -> argparse.ArgumentParser:

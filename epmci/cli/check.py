@@ -7,19 +7,14 @@ import sys
 
 from .. import report as rep
 from ..check.runner import run_check
-from .options import add_check_args, add_config_args, add_perf_args, config_from_args
+from .options import add_check_args, add_config_args, add_output_args, add_perf_args, config_from_args
 
 
 def add_parser(sub) -> None:
     c = sub.add_parser("check", help="the correctness gate: every layer vs the NumPy reference")
     add_config_args(c)
     add_check_args(c)
-    c.add_argument("--junit-xml", metavar="PATH", help="write JUnit XML")
-    c.add_argument("--json", metavar="PATH", help="write the report as JSON")
-    c.add_argument("--no-build", action="store_true", help="do not build the engine first")
-    c.add_argument("--workdir", help="where engine outputs go (default: a temp dir)")
-    c.add_argument("--keep-work", action="store_true", help="keep engine outputs even when all passed")
-    c.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    add_output_args(c)
     add_perf_args(c)
     c.set_defaults(func=run)
 

@@ -31,6 +31,16 @@ def add_check_args(c: argparse.ArgumentParser) -> None:
     c.add_argument("--arena-mb", type=float, help="arena of the ordinary paged runs")
 
 
+def add_output_args(c: argparse.ArgumentParser) -> None:
+    """Where a check's reports and engine outputs go (`epmci check`, `epmci contract-test`)."""
+    c.add_argument("--junit-xml", metavar="PATH", help="write JUnit XML")
+    c.add_argument("--json", metavar="PATH", help="write the report as JSON")
+    c.add_argument("--no-build", action="store_true", help="do not build the engine first")
+    c.add_argument("--workdir", help="where engine outputs go (default: a temp dir)")
+    c.add_argument("--keep-work", action="store_true", help="keep engine outputs even when all passed")
+    c.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+
+
 def add_perf_args(c: argparse.ArgumentParser) -> None:
     c.add_argument("--profile", help="runner profile of the golden baselines (golden/<profile>/; "
                                      "default: perf.profile of epmci.yaml)")

@@ -11,7 +11,10 @@ from ..compare.arrays import Tolerance
 from ..compare.logits import MODES
 
 CONFIG_NAME = "epmci.yaml"
-SUITE_NAMES = ("kernel", "layer", "prefetch-stress", "determinism", "e2e", "model", "switches", "budget", "perf")
+SUITE_NAMES = ("contract", "kernel", "layer", "prefetch-stress", "determinism", "e2e", "model", "switches", "budget",
+               "perf")
+# what `epmci check` runs by default: the conformance suite is for engine authors (`epmci contract-test`)
+DEFAULT_SUITES = SUITE_NAMES[1:]
 COMPARE_MODES = MODES
 LAYOUTS = ("mixed", "uniform")
 INCONCLUSIVE = ("skip", "pass", "fail")
@@ -57,6 +60,14 @@ class PromptConfig:
     model: str = ("Experts are read from the disk into a fixed arena of 64 slots (2.5 MiB each). The "
                   "router picks 8 of 256 experts for every token -- it's fast -- and the pager keeps "
                   "the hot ones in memory: 請用一句話介紹你自己。 Cafe\u0301 costs 1,900,544 B!\n\n")
+
+
+@dataclass
+class ContractConfig:
+    # the conformance suite's generation: special tokens, several scripts, digits, a tab
+    text: str = "Hello, world! 東京は日本の首都です。 x = 42 <|im_start|>user<|im_end|>\tdone"
+    n_predict: int = 4               # -n of its generation (G = 4 unless an end token comes first)
+    items: list[str] = field(default_factory=list)   # items to probe (epmci/check/suites/contract.py); [] = all
 
 
 @dataclass
@@ -145,11 +156,12 @@ class PerfConfig:
 @dataclass
 class CheckConfig:
     model: str = "ci"                # preset name (made on first use) or a GGUF path
-    suites: list[str] = field(default_factory=lambda: list(SUITE_NAMES))
+    suites: list[str] = field(default_factory=lambda: list(DEFAULT_SUITES))
     fast: bool = False               # skip e2e
     engine: EngineConfig = field(default_factory=EngineConfig)
     run: RunConfig = field(default_factory=RunConfig)
     prompts: PromptConfig = field(default_factory=PromptConfig)
+    contract: ContractConfig = field(default_factory=ContractConfig)
     kernel: KernelConfig = field(default_factory=KernelConfig)
     layer: LayerConfig = field(default_factory=LayerConfig)
     prefetch_stress: StressConfig = field(default_factory=StressConfig)

@@ -68,6 +68,8 @@ def validate(cfg: CheckConfig) -> None:
         raise InputError(w, "switches: batch >= 1, n_predict >= 2, margin_experts >= 0 and hot_pin >= 1 needed")
     if not cfg.e2e.max_kl >= 0:
         raise InputError(w, f"e2e.max_kl must be >= 0, got {cfg.e2e.max_kl}")
+    if cfg.contract.n_predict < 2 or not cfg.contract.text:
+        raise InputError(w, "contract: n_predict must be >= 2 (a decode step to check) and text non-empty")
     validate_perf(cfg.perf, w)
     for key, tol in (("kernel.tolerance", cfg.kernel.tolerance), ("layer.tolerance", cfg.layer.tolerance)):
         if not (tol.atol >= 0 and tol.rtol >= 0):

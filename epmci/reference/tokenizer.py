@@ -24,6 +24,14 @@ from ..errors import InputError
 from ..gguf.file import ModelFile
 
 CONTROL, USER_DEFINED = 3, 4
+# Token texts that end generation besides tokenizer.ggml.eos_token_id (llama.cpp's llama-vocab.cpp
+# heuristic; docs/engine-contract.md, End of generation).
+EOG_TEXTS = frozenset({
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+    "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+    "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+    "<｜end▁of▁sentence｜>", "[e~[",
+})
 
 # llama.cpp's regexes for the pre-tokenizer types epmci's models use.
 PRETOKENIZERS = {
@@ -44,27 +52,34 @@ def bytes_to_unicode() -> list[tuple[int, str]]:
 
 
 BYTE_CHAR = dict(bytes_to_unicode())
+CHAR_BYTE = {c: b for b, c in BYTE_CHAR.items()}
 
 
 class ReferenceTokenizer:
-    def __init__(self, tokens: list[str], merges: list[str], token_types: list[int] | None, pre: str):
+    def __init__(self, tokens: list[str], merges: list[str], token_types: list[int] | None, pre: str,
+                 eos: int | None = None):
         if pre not in PRETOKENIZERS:
             raise ValueError(f"pre-tokenizer {pre!r} is not one the reference knows ({', '.join(PRETOKENIZERS)})")
         self.pattern = regex.compile(PRETOKENIZERS[pre])
+        self.tokens = tokens
         self.ids = {t: i for i, t in enumerate(tokens)}
+        self.eog = frozenset({i for i, t in enumerate(tokens) if t in EOG_TEXTS} | ({eos} if eos is not None else set()))
         self.rank = {}
         for r, m in enumerate(merges):
             left, _, right = m.partition(" ")
             self.rank.setdefault((left, right), r)
         types = token_types or [1] * len(tokens)
+        self.types = types
         self.special = sorted(((t, i, types[i]) for i, t in enumerate(tokens) if types[i] in (CONTROL, USER_DEFINED)),
                               key=lambda s: (-len(s[0].encode("utf-8")), s[1]))
 
     @classmethod
     def of(cls, mf: ModelFile) -> "ReferenceTokenizer":
         try:
+            eos = mf.meta("tokenizer.ggml.eos_token_id", None)
             return cls(list(mf.meta("tokenizer.ggml.tokens")), list(mf.meta("tokenizer.ggml.merges")),
-                       mf.meta("tokenizer.ggml.token_type", None), str(mf.meta("tokenizer.ggml.pre", "")))
+                       mf.meta("tokenizer.ggml.token_type", None), str(mf.meta("tokenizer.ggml.pre", "")),
+                       None if eos is None else int(eos))
         except ValueError as e:
             raise InputError(mf.path, f"tokenizer: {e}") from None
 
@@ -77,6 +92,18 @@ class ReferenceTokenizer:
             for piece in self.pattern.findall(frag):
                 out += self._bpe("".join(BYTE_CHAR[b] for b in piece.encode("utf-8")))
         return out
+
+    def token_bytes(self, token: int) -> bytes:
+        """What a token prints as: control and user-defined tokens their text, every other
+        one its text read back through GPT-2's byte alphabet."""
+        text = self.tokens[token]
+        if self.types[token] in (CONTROL, USER_DEFINED):
+            return text.encode("utf-8")
+        return b"".join(bytes([CHAR_BYTE[c]]) if c in CHAR_BYTE else c.encode("utf-8") for c in text)
+
+    def text(self, tokens) -> str:
+        """Generated tokens as an engine prints them: their bytes as UTF-8, invalid bytes U+FFFD."""
+        return b"".join(self.token_bytes(int(t)) for t in tokens).decode("utf-8", "replace")
 
     def _split_special(self, text: str, parse_special: bool) -> list:
         frags: list = [text]

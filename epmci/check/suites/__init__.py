@@ -5,10 +5,10 @@ two equal)."""
 
 from __future__ import annotations
 
-from . import budget, determinism, e2e, kernel, layer, model, perf, prefetch_stress, switches
+from . import budget, contract, determinism, e2e, kernel, layer, model, perf, prefetch_stress, switches
 from .base import Suite, Task
 
-SUITES: dict[str, Suite] = {s.name: s for s in (kernel.SUITE, layer.SUITE, prefetch_stress.SUITE,
+SUITES: dict[str, Suite] = {s.name: s for s in (contract.SUITE, kernel.SUITE, layer.SUITE, prefetch_stress.SUITE,
                                                   determinism.SUITE, e2e.SUITE, model.SUITE, switches.SUITE,
                                                   budget.SUITE, perf.SUITE)}
 
