@@ -72,7 +72,8 @@ def measure(engine: EngineCommand, model: str | os.PathLike, spec: RunSpec, outd
     if drop_cache:
         drop_page_cache(model)
     with CpuContention() as busy:
-        result = run(engine, model, spec, out, timeout=timeout, label=label, env=env, cwd=cwd or out)
+        # cwd: the caller's unless given, so a relative --engine-cmd path means what the user typed
+        result = run(engine, model, spec, out, timeout=timeout, label=label, env=env, cwd=cwd)
     m = Measurement(label, False, run=result, other_cpu_pct=busy.other_pct)
     if not result.ok:
         m.failure = result.failure()
