@@ -11,7 +11,7 @@ import codecs
 import json
 import os
 import sys
-
+import time
 
 from .contract_info import contract_info
 from .dumps import MoEDumpWriter, StateDumpWriter, write_atomic, write_logits
@@ -53,7 +53,53 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--profile-out", help="write per-(layer, expert) routing counts")
     ap.add_argument("--selftest", metavar="L:E:N:OUT", help="run one expert through the paged path")
     ap.add_argument("--tokens-in", metavar="FILE", help="evaluate these tokens instead of -p/-n (teacher forcing)")
+    ap.add_argument("--pace-fds", metavar="R,W", help="hold each decode step for a byte on fd R, report it on fd W")
     return ap
+
+
+class Pacer:
+    """--pace-fds R,W (docs/engine-contract.md, Pacing): each decode step waits for one byte
+    on R, then its wall and CPU time go to W as one JSON line, so a gate can interleave the
+    steps of two engines and time each one alone."""
+
+    def __init__(self, spec: str):
+        try:
+            self.r, self.w = (int(x) for x in spec.split(","))
+        except ValueError:
+            raise ModelError(f"--pace-fds: expected R,W (two file descriptors), got {spec!r}") from None
+        if self.r == self.w or min(self.r, self.w) < 0:
+            raise ModelError(f"--pace-fds: R and W must be two different descriptors, got {spec!r}")
+        for fd in (self.r, self.w):
+            try:
+                os.fstat(fd)
+            except OSError:
+                raise ModelError(f"--pace-fds: file descriptor {fd} is not open") from None
+        self.steps = 0
+        self._wall0 = self._cpu0 = 0.0
+
+    def _send(self, **record) -> None:
+        line = (json.dumps(record) + "\n").encode()
+        try:
+            while line:
+                line = line[os.write(self.w, line):]
+        except OSError as e:
+            raise ModelError(f"--pace-fds: cannot write to descriptor {self.w}: {e}") from None
+
+    def before_step(self) -> None:
+        if self.steps == 0:
+            self._send(event="ready")
+        if not os.read(self.r, 1):
+            raise ModelError(f"--pace-fds: descriptor {self.r} closed before decode step {self.steps + 1}")
+        self._wall0, self._cpu0 = time.perf_counter(), time.process_time()
+
+    def after_step(self) -> None:
+        wall, cpu = time.perf_counter() - self._wall0, time.process_time() - self._cpu0
+        self.steps += 1
+        self._send(event="step", step=self.steps, wall_s=wall, cpu_s=cpu)
+
+    def end(self) -> None:
+        self._send(event="end", steps=self.steps)
+        os.close(self.w)
 
 
 def _pager_config(a: argparse.Namespace):
@@ -80,6 +126,9 @@ def run(a: argparse.Namespace) -> int:
             raise ModelError(f"--{name.replace('_', '-')}: must be positive, got {getattr(a, name)}")
     if a.profile_out and a.no_pager:
         raise ModelError("--profile-out: routing counts come from the pager (drop --no-pager)")
+    if a.pace_fds and (a.selftest or a.tokens_in):
+        raise ModelError("--pace-fds: paces generated decode steps; --selftest and --tokens-in generate none")
+    pacer = Pacer(a.pace_fds) if a.pace_fds else None
     opts = Options(n_ctx=a.ctx_size, threads=a.threads, batch=a.batch_size, pager=not a.no_pager,
                    pager_config=None if a.no_pager else _pager_config(a))
     engine = Engine(a.model, opts)
@@ -95,7 +144,7 @@ def run(a: argparse.Namespace) -> int:
         if state_dump:
             engine.on_state(state_dump.write)
         try:
-            logits = teacher_forced(engine, a.tokens_in) if a.tokens_in else generated(engine, a)
+            logits = teacher_forced(engine, a.tokens_in) if a.tokens_in else generated(engine, a, pacer)
         except ValueError as e:
             raise ModelError(str(e)) from None
         for d in (dump, state_dump):
@@ -118,8 +167,9 @@ def run(a: argparse.Namespace) -> int:
     return 0
 
 
-def generated(engine, a: argparse.Namespace):
-    """The prompt's logits and the generated tokens', the text on stdout."""
+def generated(engine, a: argparse.Namespace, pacer: "Pacer | None"):
+    """The prompt's logits and the generated tokens', the text on stdout; each decode step
+    held and timed by `pacer` (--pace-fds) when there is one."""
     tokens = engine.encode_prompt(a.prompt or "", chat=not a.no_chat)
     if not tokens:
         raise ModelError("empty prompt")
@@ -131,7 +181,9 @@ def generated(engine, a: argparse.Namespace):
         sys.stdout.write(utf8.decode(engine.tokenizer.token_bytes(tok)))
         sys.stdout.flush()
 
-    _, logits = engine.generate(tokens, a.n_predict, a.temp, a.seed, on_token=emit)
+    _, logits = engine.generate(tokens, a.n_predict, a.temp, a.seed, on_token=emit, pacer=pacer)
+    if pacer:
+        pacer.end()
     sys.stdout.write(utf8.decode(b"", final=True) + "\n")
     return logits
 

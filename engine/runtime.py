@@ -107,11 +107,13 @@ class Engine:
         return self.tokenizer.encode(text, parse_special=True)
 
     def generate(self, prompt_tokens: list[int], n_predict: int, temp: float = 0.0, seed: int = 0,
-                 on_token=None) -> tuple[list[int], np.ndarray]:
+                 on_token=None, pacer=None) -> tuple[list[int], np.ndarray]:
         """Prefill, then decode up to n_predict tokens (stopping at EOS).
 
         Returns the generated ids and the logits of every evaluated position: the prompt's
         positions, then each generated token that was fed back (see docs/engine-contract.md).
+        `pacer` (optional): its before_step() runs before and after_step() after each decode
+        step, so a caller can hold every step and time it (the CLI's --pace-fds).
         """
         if not prompt_tokens:
             raise ValueError("empty prompt")
@@ -128,7 +130,11 @@ class Engine:
                 on_token(tok)
             if self.tokenizer.is_eog(tok) or i == n_predict - 1:
                 break
+            if pacer:
+                pacer.before_step()
             last = self.eval([tok], "decode")[-1]
+            if pacer:
+                pacer.after_step()
             rows.append(last[None, :])
         return generated, np.concatenate(rows)
 
