@@ -393,10 +393,8 @@ def _git(repo: Path, *args: str) -> str:
     return r.stdout.strip()
 
 
-@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
-def test_perf_base_measures_a_git_ref_in_a_worktree(tmp_path, tiny_model, built_engine):
-    """A repository whose commit has an engine that sleeps 20 ms per decoded token: --perf-base
-    runs that commit's engine (from a temporary worktree) against the bundled one, ABBA."""
+def slow_base_repo(tmp_path: Path) -> tuple[Path, str]:
+    """A repository whose commit has an engine that sleeps 20 ms per decoded token."""
     repo = tmp_path / "repo"
     shutil.copytree(REPO / "engine", repo / "engine", ignore=shutil.ignore_patterns("__pycache__"))
     rt = repo / "engine" / "runtime.py"
@@ -408,27 +406,83 @@ def test_perf_base_measures_a_git_ref_in_a_worktree(tmp_path, tiny_model, built_
     _git(repo, "init", "-q")
     _git(repo, "add", "-A")
     _git(repo, "commit", "-q", "-m", "slow base")
-    sha = _git(repo, "rev-parse", "HEAD")
+    return repo, _git(repo, "rev-parse", "HEAD")
+
+
+def perf_base_check(tmp_path, model, repo: Path, sha: str, *args: str) -> tuple[int, dict[str, dict]]:
     js = tmp_path / "r.json"
-    rc = epmci_main(["check", "-q", "--no-build", "--config", str(repo / "epmci.yaml"), "--model", str(tiny_model),
+    rc = epmci_main(["check", "-q", "--no-build", "--config", str(repo / "epmci.yaml"), "--model", str(model),
                      "--suites", "perf", "--perf-base", sha, "--set", "perf.prompts=[Hello]", *SETTINGS,
-                     "--set", "perf.base_n_predict=16",
-                     "--json", str(js), "--workdir", str(tmp_path / "w")])
-    rep = json.loads(js.read_text())
-    res = results(rep)
+                     "--set", "perf.base_steps=8", "--set", "perf.base_warmup_steps=2",
+                     "--set", "perf.abba_n_predict=16", "--json", str(js), "--workdir", str(tmp_path / "w"), *args])
+    return rc, results(json.loads(js.read_text()))
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_perf_base_paces_a_git_ref_in_a_worktree(tmp_path, tiny_model, built_engine):
+    """--perf-base runs the slow commit's engine (from a temporary worktree) alive beside the
+    bundled one, their decode steps interleaved: the head is faster, and its latencies too."""
+    repo, sha = slow_base_repo(tmp_path)
+    rc, res = perf_base_check(tmp_path, tiny_model, repo, sha)
     b = res[f"baseline: decode tok/s vs base {sha}"]
     assert rc == 0, b
     p = b["properties"]
     assert b["status"] == "pass" and p["verdict"] == "DIFFERENT" and p["ratio"] > 1.3, b["message"]
-    assert p["pairs"] == 8 and p["order"] == "AB" + "BAAB" * 3 + "BA" and p["base_sha"] == sha
+    assert p["mode"] == "paced" and p["pairs"] == 6 and len(p["pair_ratios"]) == 6 and p["base_sha"] == sha
+    assert all(r > 1.3 for r in p["pair_ratios"]) and p["cpu_ratio"] > 0
     assert "reused" in p["base_build"]                        # numba sources identical: no recompile
-    assert p["outputs_equal_base"] is True
-    assert f"at {sha[:12]}" in b["message"] and "Wilcoxon signed-rank" in b["message"]
-    assert p["n_predict"] == 16 and p["test"] == "wilcoxon"
-    # the worktree is gone
-    assert _git(repo, "worktree", "list").count("\n") == 0
-    # and without a golden for this profile the golden comparisons are visible skips
-    assert res["baseline: counters"]["status"] == "skip"
+    assert p["outputs_equal_base"] is True and p["memory"]["fits"] is True
+    assert f"at {sha[:12]}" in b["message"] and "6 process pairs x 8 interleaved decode steps" in b["message"]
+    lat = res[f"baseline: p99 inter-token latency vs base {sha}"]
+    lp = lat["properties"]
+    assert lat["status"] == "pass" and lp["p99_ratio"] < 1 and lp["base_p99_ms"] > 20 and lp["steps_per_side"] == 48
+    assert "p50/p95/p99" in lat["message"]
+    assert _git(repo, "worktree", "list").count("\n") == 0       # the worktree is gone
+    assert res["baseline: counters"]["status"] == "skip"        # no golden for this profile: visible skips
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_perf_base_abba_mode_measures_whole_runs(tmp_path, tiny_model, built_engine):
+    repo, sha = slow_base_repo(tmp_path)
+    rc, res = perf_base_check(tmp_path, tiny_model, repo, sha, "--set", "perf.base_mode=abba")
+    b = res[f"baseline: decode tok/s vs base {sha}"]
+    assert rc == 0, b
+    p = b["properties"]
+    assert b["status"] == "pass" and p["verdict"] == "DIFFERENT" and p["ratio"] > 1.3, b["message"]
+    assert p["mode"] == "abba" and p["fallback"] == "perf.base_mode is abba"
+    assert p["pairs"] == 8 and p["order"] == "AB" + "BAAB" * 3 + "BA"
+    assert p["n_predict"] == 16 and p["test"] == "wilcoxon" and "Wilcoxon signed-rank" in b["message"]
+    lat = res[f"baseline: p99 inter-token latency vs base {sha}"]
+    assert lat["status"] == "skip" and "no per-step times" in lat["message"]
+
+
+REJECTS_PACING = """
+if "--pace-fds" in sys.argv:
+    print("epm-engine: error: unrecognized arguments: --pace-fds", file=sys.stderr)
+    sys.exit(2)
+"""
+HUGE_RSS = """
+import engine.runtime
+_records = engine.runtime.Engine.stats_records
+engine.runtime.Engine.stats_records = lambda self: [{**r, "peak_rss_mb": 1e8} for r in _records(self)]
+"""
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+@pytest.mark.parametrize("patch,why", [(REJECTS_PACING, "the base engine does not take --pace-fds"),
+                                       (HUGE_RSS, "two engines do not fit the memory at once")],
+                         ids=["no-pacing", "no-memory"])
+def test_perf_base_falls_back_to_abba_and_says_why(tmp_path, tiny_model, built_engine, patch, why):
+    """An external engine without --pace-fds, or two engines whose peak RSS does not fit the
+    machine's memory: whole-run ABBA, and the verdict says so."""
+    repo, sha = slow_base_repo(tmp_path)
+    rc, res = perf_base_check(tmp_path, tiny_model, repo, sha, "--engine-cmd", wrapper(tmp_path, patch))
+    b = res[f"baseline: decode tok/s vs base {sha}"]
+    p = b["properties"]
+    assert p["mode"] == "abba" and why in p["fallback"] and why in b["message"] and "ABBA" in b["message"], b
+    assert p["verdict"] in ("SAME", "DIFFERENT", "UNKNOWN") and p["pairs"] >= 8    # both sides ran whole runs
+    lat = res[f"baseline: p99 inter-token latency vs base {sha}"]
+    assert lat["status"] == "skip" and why in lat["message"]
 
 
 def test_perf_base_unknown_ref_is_exit_2(tmp_path, tiny_model, capsys):

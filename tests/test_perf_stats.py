@@ -134,7 +134,98 @@ def test_alpha_is_split_over_the_looks_of_a_sequential_comparison():
 def test_perf_base_pairs_that_can_never_reach_a_verdict_are_refused(tmp_path, capsys):
     from epmci.cli import main
     cfg = tmp_path / "epmci.yaml"
-    cfg.write_text("model: tiny\nperf:\n  base_pairs: 6\n  base_max_pairs: 12\n")
+    cfg.write_text("model: tiny\nperf:\n  abba_pairs: 6\n  abba_max_pairs: 12\n")
     assert main(["check", "--config", str(cfg), "--no-build", "--suites", "perf"]) == 2
     err = capsys.readouterr().err.strip()
-    assert str(cfg) in err and "base_pairs=6 can never give a verdict" in err and len(err.splitlines()) == 1
+    assert str(cfg) in err and "abba_pairs=6 can never give a verdict" in err and len(err.splitlines()) == 1
+
+
+# ------------------------------------------------------------------ paced decisions
+
+def test_student_t_matches_known_values_and_scipy():
+    from epmci.compare.stats import student_t_cdf, student_t_ppf
+    assert student_t_ppf(0.975, 5) == pytest.approx(2.570582, abs=1e-6)       # textbook table
+    assert student_t_ppf(0.99, 10) == pytest.approx(2.763769, abs=1e-6)
+    assert student_t_cdf(0.0, 3) == 0.5
+    for t in (-1e-9, 0.3, -30.0):                                           # closed forms for df 1 and 2
+        assert student_t_cdf(t, 1) == pytest.approx(0.5 + math.atan(t) / math.pi, abs=1e-15)
+        assert student_t_cdf(t, 2) == pytest.approx(0.5 + t / (2 * math.sqrt(2 + t * t)), abs=1e-15)
+    st = pytest.importorskip("scipy.stats")
+    for df in (1, 2, 5, 9, 30, 200):
+        for t in (-30, -3, -0.5, 0.7, 2.5, 10):
+            assert student_t_cdf(t, df) == pytest.approx(st.t.cdf(t, df), abs=1e-12)
+        for q in (1e-6, 0.0025, 0.3, 0.9975):
+            assert student_t_ppf(q, df) == pytest.approx(st.t.ppf(q, df), rel=1e-8)
+
+
+def test_hodges_lehmann():
+    from epmci.compare.stats import hodges_lehmann
+    assert hodges_lehmann([1.0, 2.0, 3.0]) == 2.0
+    # Walsh averages of (0, 0, 10): 0, 0, 10, 0, 5, 5 -> median 2.5; one outlier moves it less than the mean
+    assert hodges_lehmann([0.0, 0.0, 10.0]) == 2.5
+    assert hodges_lehmann([-1.0, 0.0, 1.0, 100.0]) == pytest.approx(0.75)
+    with pytest.raises(ValueError):
+        hodges_lehmann([])
+
+
+def paced_verdicts(effect: float, sd: float, n: int, trials: int, alpha: float = 0.01 / 4, seed: int = 0):
+    """Verdicts of compare_paced on `trials` synthetic decisions: n pair samples, log tok/s
+    ratio normal(log(1 - effect), sd)."""
+    from epmci.compare.stats import compare_paced
+    rng = np.random.default_rng(seed)
+    out = {"slower": 0, "faster": 0, SAME: 0, UNKNOWN: 0}
+    for _ in range(trials):
+        c = compare_paced(rng.normal(math.log(1 - effect), sd, n), alpha, 0.02, 0.05, 10.0, 10.0 * (1 - effect))
+        key = ("slower" if c.ratio < 1 else "faster") if c.verdict == DIFFERENT else c.verdict
+        out[key] += 1
+    return out
+
+
+def test_paced_rule_keeps_false_alarms_under_alpha():
+    """No change, pair noise 2 %: the one-sided test at alpha calls it slower at most alpha of
+    the time (measured here on 4000 synthetic decisions at alpha 0.05, where the rate is visible)."""
+    v = paced_verdicts(0.0, 0.02, 6, 4000, alpha=0.05)
+    assert v["slower"] / 4000 < 0.05 * 1.25 and v["slower"] > 0     # the floor of 2 % removes some of the 5 %
+    v = paced_verdicts(0.0, 0.02, 6, 2000)                           # the gate's 0.0025 per look
+    assert v["slower"] <= 0.0025 * 2000 * 2 and v[SAME] > 1400
+
+
+def test_paced_rule_detects_a_5_percent_slowdown_at_its_design_noise():
+    """True 5 % slowdown: with 6 pairs of 1.5 % noise the first look (alpha 0.01 / 4) calls it
+    slower >= 95 % of the time; with 3 % noise it mostly cannot tell yet (UNKNOWN buys pairs),
+    and a slowdown is never called SAME or faster."""
+    v = paced_verdicts(0.05, 0.015, 6, 1000)
+    assert v["slower"] >= 950 and v[SAME] == 0 and v["faster"] == 0
+    v = paced_verdicts(0.05, 0.03, 6, 1000)
+    assert v[UNKNOWN] > v["slower"] > 100 and v[SAME] + v["faster"] == 0
+
+
+def test_paced_rule_exact_cases():
+    from epmci.compare.stats import compare_paced
+    a = 0.01 / 4
+    # every pair 10 % slower, tiny noise: DIFFERENT, regressed, bounds around 0.9
+    c = compare_paced([math.log(0.9) + e for e in (0.001, -0.001, 0.0005, 0, -0.0005, 0.0002)], a, 0.02, 0.05, 10, 9)
+    assert c.verdict == DIFFERENT and c.regressed and c.ratio == pytest.approx(0.9, abs=1e-3)
+    assert c.ci[0] < c.ratio < c.ci[1] and c.p_value < 1e-6 and c.n_current == 6
+    # a clear 1 % slowdown is under the 2 % floor: SAME (under the 5 % minimum effect), not DIFFERENT
+    c = compare_paced([math.log(0.99) + e for e in (0.001, -0.001, 0.0005, 0, -0.0005, 0.0002)], a, 0.02, 0.05, 10, 9.9)
+    assert c.verdict == SAME and c.p_value < a
+    # 3 % slower with 3 % noise: can neither say slower nor rule out 5 %
+    c = compare_paced([math.log(0.97) + e for e in (0.03, -0.03, 0.02, -0.02, 0.01, -0.01)], a, 0.02, 0.05, 10, 9.7)
+    assert c.verdict == UNKNOWN
+    # clearly faster: DIFFERENT (a pass), not a regression
+    c = compare_paced([math.log(1.2)] * 5 + [math.log(1.21)], a, 0.02, 0.05, 10, 12)
+    assert c.verdict == DIFFERENT and not c.regressed
+    # identical pairs with no spread: the sign is certain
+    c = compare_paced([math.log(0.9)] * 6, a, 0.02, 0.05, 10, 9)
+    assert c.verdict == DIFFERENT and c.p_value < 1e-12 and c.ci == (pytest.approx(0.9), pytest.approx(0.9))
+    with pytest.raises(ValueError):
+        compare_paced([0.1], a, 0.02, 0.05, 1, 1)
+
+
+def test_latency_percentiles_and_cpu_diagnosis():
+    from epmci.compare.stats import cpu_diagnosis, latency_percentiles
+    p = latency_percentiles(np.arange(1, 101) / 1000)
+    assert p["p50"] == pytest.approx(0.0505) and p["p99"] == pytest.approx(0.09901) and list(p) == ["p50", "p95", "p99"]
+    assert "waiting" in cpu_diagnosis(0.95, 1.0) and "waiting" in cpu_diagnosis(0.90, 0.97)
+    assert "compute" in cpu_diagnosis(0.95, 0.95) and "compute" in cpu_diagnosis(1.05, 1.0)

@@ -7,6 +7,7 @@ deterministic: bootstrap resampling uses a fixed seed.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from itertools import combinations
@@ -180,3 +181,132 @@ def compare_paired(base, head, alpha: float = 0.05, min_effect: float = 0.05,
     p = wilcoxon_signed_rank_p(np.log(r)) if test == "wilcoxon" else sign_test_p(np.log(r))
     return Comparison(_verdict(p, ci, ratio, alpha, min_effect), float(np.median(b)),
                       float(np.median(h)), ratio, p, ci, len(b), len(h))
+
+
+# ------------------------------------------------------------------ paced (per-step interleaved) runs
+
+def _betainc(a: float, b: float, x: float, y: float) -> float:
+    """Regularized incomplete beta I_x(a, b), y = 1 - x given exactly: the continued fraction
+    of Numerical Recipes (modified Lentz), on the side of x where it converges fast."""
+    if x <= 0.0:
+        return 0.0
+    if y <= 0.0:
+        return 1.0
+    if x > (a + 1.0) / (a + b + 2.0):
+        return 1.0 - _betainc(b, a, y, x)
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log(y)) / a
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    f = d
+    for m in range(1, 500):
+        for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                    -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1.0 + num * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + num / c
+            c = c if abs(c) > tiny else tiny
+            f *= c * d
+        if abs(c * d - 1.0) < 1e-15:
+            break
+    return front * f
+
+
+def student_t_cdf(t: float, df: float) -> float:
+    """P(T <= t) for Student's t with df degrees of freedom."""
+    if math.isinf(t):
+        return 1.0 if t > 0 else 0.0
+    tail = 0.5 * _betainc(df / 2.0, 0.5, df / (df + t * t), t * t / (df + t * t))
+    return 1.0 - tail if t > 0 else tail
+
+
+@functools.lru_cache(maxsize=256)
+def student_t_ppf(q: float, df: float) -> float:
+    """The q-quantile of Student's t (bisection on the CDF: exact to ~1e-12; a decision asks
+    for the same few quantiles again and again, hence the cache)."""
+    if not 0.0 < q < 1.0:
+        raise ValueError(f"quantile {q} outside (0, 1)")
+    lo, hi = -1e6, 1e6
+    for _ in range(200):
+        mid = (lo + hi) / 2.0
+        if student_t_cdf(mid, df) < q:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2.0
+
+
+def hodges_lehmann(x) -> float:
+    """The Hodges-Lehmann location estimate: the median of all pairwise means (x_i + x_j) / 2,
+    i <= j. As robust as the median (29 % breakdown) and nearly as efficient as the mean on
+    normal data (95 %, the median 64 %)."""
+    x = np.asarray(x, dtype=np.float64)
+    if len(x) == 0:
+        raise ValueError("Hodges-Lehmann of no values")
+    i, j = np.triu_indices(len(x))
+    return float(np.median((x[i] + x[j]) / 2.0))
+
+
+def one_sided_t(x) -> tuple[float, float, float]:
+    """(mean, standard error, df) of x for a one-sample t test."""
+    x = np.asarray(x, dtype=np.float64)
+    n = len(x)
+    if n < 2:
+        raise ValueError("a t test needs at least two values")
+    return float(x.mean()), float(x.std(ddof=1) / math.sqrt(n)), float(n - 1)
+
+
+def compare_paced(pair_log_ratios, alpha: float, floor: float, min_effect: float,
+                  baseline: float, current: float) -> Comparison:
+    """The verdict of per-step interleaved process pairs (epmci.perf.paced).
+
+    Each process pair gives one value: the robust centre of its per-step log tok/s ratios
+    log(head/base) (negative: head slower). On those n values, one-sided t tests:
+    p_value = P(mean this low | no change), the test for a slowdown; `ci` is the pair of
+    one-sided (1 - alpha) bounds of the tok/s ratio head/base = exp(mean).
+
+    DIFFERENT: significant (one-sided, either direction, p < alpha) and the estimated ratio
+    at least `floor` away from 1. SAME: the lower bound says the head is at most
+    `min_effect` slower. Otherwise UNKNOWN (more pairs may decide).
+    `baseline` and `current` (tok/s of each side) are reported, not tested.
+    """
+    m, se, df = one_sided_t(pair_log_ratios)
+    if se > 0:
+        t = m / se
+        p_slower, p_faster = student_t_cdf(t, df), student_t_cdf(-t, df)
+        half = student_t_ppf(1.0 - alpha, df) * se
+    else:    # every pair gave the same value: no doubt about the sign
+        p_slower, p_faster = (0.0, 1.0) if m < 0 else ((1.0, 0.0) if m > 0 else (1.0, 1.0))
+        half = 0.0
+    ratio = math.exp(m)
+    ci = (math.exp(m - half), math.exp(m + half))
+    n = len(pair_log_ratios)
+    if (p_slower < alpha and ratio <= 1.0 - floor) or (p_faster < alpha and ratio >= 1.0 + floor):
+        verdict = DIFFERENT
+    elif ci[0] > 1.0 - min_effect:
+        verdict = SAME
+    else:
+        verdict = UNKNOWN
+    return Comparison(verdict, baseline, current, ratio, p_slower, ci, n, n)
+
+
+LATENCY_QUANTILES = (50, 95, 99)
+
+
+def latency_percentiles(seconds) -> dict[str, float]:
+    """p50, p95, p99 of inter-token latencies (linear interpolation between order statistics)."""
+    x = np.asarray(seconds, dtype=np.float64)
+    if len(x) == 0:
+        raise ValueError("no latencies")
+    return {f"p{q}": float(np.percentile(x, q)) for q in LATENCY_QUANTILES}
+
+
+def cpu_diagnosis(ratio: float, cpu_ratio: float) -> str:
+    """What CPU time says about a wall-time change (both as tok/s-style ratios head/base:
+    below 1, the head takes longer per step): a slowdown whose CPU time stayed flat (less
+    than half of it shows in CPU time) was spent waiting."""
+    slow, cpu_slow = 1.0 - ratio, 1.0 - cpu_ratio
+    if slow > 0 and cpu_slow < slow / 2:
+        return (f"CPU time per step x{cpu_ratio:.3f} is flat: the extra wall time is waiting (I/O latency, "
+                f"locks, sleeps), not compute")
+    return f"CPU time per step x{cpu_ratio:.3f} moved with it: compute"

@@ -18,6 +18,7 @@ DEFAULT_SUITES = SUITE_NAMES[1:]
 COMPARE_MODES = MODES
 LAYOUTS = ("mixed", "uniform")
 INCONCLUSIVE = ("skip", "pass", "fail")
+BASE_MODES = ("paced", "abba")
 
 
 @dataclass
@@ -137,16 +138,24 @@ class PerfConfig:
     ctx: int = 256                   # -c
     arena_fraction: float = 0.25     # of all expert bytes (a scenario may override it)
     ram_budget_mb: float = 1024.0    # --ram-budget-mb of every perf run; peak RSS must stay under it
-    repeats: int = 5                 # timed runs per scenario (check and golden update)
-    fast_repeats: int = 3            # with --fast
+    repeats: int = 5                 # timed runs per scenario (check and golden update; --fast: none)
     max_repeats: int = 9             # an UNKNOWN verdict buys more runs, up to this many
-    alpha: float = 0.05              # p-value below which a difference is significant
+    alpha: float = 0.05              # golden and ABBA timing: false-alarm budget of a verdict (two-sided)
     min_effect: float = 0.05         # smallest tok/s change (relative) that counts
     inconclusive: str = "skip"       # status of a verdict still UNKNOWN at the cap: skip | pass | fail
-    base_pairs: int = 8              # --perf-base: ABBA pairs before the first verdict
-    base_max_pairs: int = 12         # UNKNOWN buys more pairs, up to this many
-    base_n_predict: int = 64         # --perf-base runs: longer decode, steadier tok/s (docs/perf-gate.md)
-    paired_test: str = "wilcoxon"    # --perf-base p-value: wilcoxon (signed-rank) | sign
+    base_mode: str = "paced"         # --perf-base: paced (per-step interleaved; ABBA when it cannot) | abba
+    base_pairs: int = 6              # paced: process pairs before the first verdict
+    base_more_pairs: int = 6         # paced: UNKNOWN buys this many more pairs at a time...
+    base_max_pairs: int = 12         # ...up to this many
+    base_steps: int = 96             # paced: measured decode steps per process
+    base_warmup_steps: int = 4       # paced: interleaved decode steps before the measured ones
+    base_alpha: float = 0.01         # paced: false-alarm budget of a decision (one-sided), split over its looks
+    base_floor: float = 0.02         # paced: smallest estimated slowdown a DIFFERENT verdict needs
+    p99_max_ratio: float = 1.5       # paced: fail when the head's p99 inter-token latency is this many times the base's
+    abba_pairs: int = 8              # ABBA: pairs before the first verdict
+    abba_max_pairs: int = 12         # ABBA: UNKNOWN buys two more pairs at a time, up to this many
+    abba_n_predict: int = 64         # ABBA runs: longer decode, steadier tok/s (docs/perf-gate.md)
+    paired_test: str = "wilcoxon"    # ABBA p-value: wilcoxon (signed-rank) | sign
     golden_rows: int = 8             # logits rows per prompt kept in the golden side file
     missing_baseline: str = "auto"   # no golden for the profile and model: auto (fail in CI, else skip) | fail | skip
     rss_growth_pct: float = 10.0     # peak RSS may exceed golden's by the larger of this share ...

@@ -9,7 +9,7 @@ from ..compare.stats import per_look_alpha, smallest_p
 from ..contract.capabilities import FEATURES
 from ..errors import InputError
 from .experiments import EXPERIMENTS
-from .schema import COMPARE_MODES, INCONCLUSIVE, LAYOUTS, SUITE_NAMES, CheckConfig, PerfConfig
+from .schema import BASE_MODES, COMPARE_MODES, INCONCLUSIVE, LAYOUTS, SUITE_NAMES, CheckConfig, PerfConfig
 
 
 def validate(cfg: CheckConfig) -> None:
@@ -103,21 +103,36 @@ def validate_perf(p: PerfConfig, where: str) -> None:
     if not p.prompts or any(not x for x in p.prompts):
         raise InputError(where, "perf.prompts: needs at least one non-empty prompt")
     for key, val, lo in (("perf.n_predict", p.n_predict, 2), ("perf.batch", p.batch, 1),
-                         ("perf.ctx", p.ctx, 16), ("perf.repeats", p.repeats, 3),
-                         ("perf.fast_repeats", p.fast_repeats, 3), ("perf.max_repeats", p.max_repeats, 3),
-                         ("perf.base_pairs", p.base_pairs, 2), ("perf.base_max_pairs", p.base_max_pairs, 2),
-                         ("perf.golden_rows", p.golden_rows, 1), ("perf.base_n_predict", p.base_n_predict, 2)):
+                         ("perf.ctx", p.ctx, 16), ("perf.repeats", p.repeats, 3), ("perf.max_repeats", p.max_repeats, 3),
+                         ("perf.base_pairs", p.base_pairs, 3), ("perf.base_max_pairs", p.base_max_pairs, 3),
+                         ("perf.base_more_pairs", p.base_more_pairs, 1),
+                         ("perf.base_steps", p.base_steps, 4), ("perf.base_warmup_steps", p.base_warmup_steps, 0),
+                         ("perf.abba_pairs", p.abba_pairs, 2), ("perf.abba_max_pairs", p.abba_max_pairs, 2),
+                         ("perf.golden_rows", p.golden_rows, 1), ("perf.abba_n_predict", p.abba_n_predict, 2)):
         if val < lo:
             raise InputError(where, f"{key} must be >= {lo}, got {val}")
-    if p.max_repeats < max(p.repeats, p.fast_repeats):
-        raise InputError(where, "perf.max_repeats must be >= perf.repeats and perf.fast_repeats")
-    if p.base_max_pairs < p.base_pairs:
-        raise InputError(where, "perf.base_max_pairs must be >= perf.base_pairs")
-    look_alpha = per_look_alpha(p.alpha, p.base_pairs, p.base_max_pairs)
-    if smallest_p(p.base_pairs) >= look_alpha:
-        raise InputError(where, f"perf.base_pairs={p.base_pairs} can never give a verdict: its smallest p-value "
-                                f"{smallest_p(p.base_pairs):.3g} is not below alpha per look {look_alpha:.3g}; "
+    if p.max_repeats < p.repeats:
+        raise InputError(where, "perf.max_repeats must be >= perf.repeats")
+    for kind in ("base", "abba"):
+        if getattr(p, f"{kind}_max_pairs") < getattr(p, f"{kind}_pairs"):
+            raise InputError(where, f"perf.{kind}_max_pairs must be >= perf.{kind}_pairs")
+    look_alpha = per_look_alpha(p.alpha, p.abba_pairs, p.abba_max_pairs)
+    if smallest_p(p.abba_pairs) >= look_alpha:
+        raise InputError(where, f"perf.abba_pairs={p.abba_pairs} can never give a verdict: its smallest p-value "
+                                f"{smallest_p(p.abba_pairs):.3g} is not below alpha per look {look_alpha:.3g}; "
                                 f"use more pairs, fewer looks or a larger alpha")
+    n_paced = p.base_warmup_steps + p.base_steps + 1
+    if n_paced >= p.ctx:
+        raise InputError(where, f"perf.base_warmup_steps + perf.base_steps + 1 = {n_paced} tokens do not fit "
+                                f"perf.ctx {p.ctx} with a prompt")
+    if p.base_mode not in BASE_MODES:
+        raise InputError(where, f"perf.base_mode must be one of {', '.join(BASE_MODES)}, got {p.base_mode!r}")
+    if not 0 < p.base_alpha < 0.5:
+        raise InputError(where, f"perf.base_alpha must be in (0, 0.5), got {p.base_alpha}")
+    if not 0 <= p.base_floor <= p.min_effect:
+        raise InputError(where, f"perf.base_floor must be in [0, perf.min_effect = {p.min_effect}], got {p.base_floor}")
+    if not p.p99_max_ratio > 1:
+        raise InputError(where, f"perf.p99_max_ratio must be > 1, got {p.p99_max_ratio}")
     if not 0 < p.arena_fraction <= 1:
         raise InputError(where, f"perf.arena_fraction must be in (0, 1], got {p.arena_fraction}")
     if not p.ram_budget_mb > 0:

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..errors import InputError
 from . import bundled
@@ -132,17 +133,23 @@ def base_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def _launch(cmd: EngineCommand, args: list[str], env: dict[str, str] | None,
+            threads: int) -> tuple[list[str], dict[str, str], dict[str, str]]:
+    """argv, the environment added to epmci's (reported with a failure) and the full one."""
+    argv = [*cmd.argv, *[str(a) for a in args]]
+    extra = bundled.run_env(threads, cmd.root) if cmd.bundled else {}
+    extra.update(cmd.env)
+    extra.update(env or {})
+    return argv, extra, base_env(extra)
+
+
 def run_engine(cmd: EngineCommand, args: list[str], *, timeout: float, label: str = "",
                env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None,
                threads: int = 1) -> EngineRun:
     """Run `cmd args` with the contract's environment (plus, for the bundled engine, what
     it needs to run `threads` compute threads from its source tree); never raises for
     engine failures."""
-    argv = [*cmd.argv, *[str(a) for a in args]]
-    extra = bundled.run_env(threads, cmd.root) if cmd.bundled else {}
-    extra.update(cmd.env)
-    extra.update(env or {})
-    full_env = base_env(extra)
+    argv, extra, full_env = _launch(cmd, args, env, threads)
     t0 = time.perf_counter()
     try:
         p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -163,6 +170,66 @@ def run_engine(cmd: EngineCommand, args: list[str], *, timeout: float, label: st
         raise
     return EngineRun(label, argv, extra, p.returncode, out, err.decode("utf-8", "replace"),
                      time.perf_counter() - t0, timeout, timed_out)
+
+
+class StartedEngine:
+    """An engine running in the background (`start_engine`), its stdout and stderr going to
+    files in its output directory, so nothing it prints can block it while epmci talks to
+    it over other descriptors (the pacing channel). `finish` waits for it; `kill` ends it
+    and whatever it started."""
+
+    def __init__(self, label: str, argv: list[str], extra: dict[str, str], out: Path, timeout: float):
+        self.label, self.argv, self.extra, self.timeout = label, argv, extra, timeout
+        self.stdout_path, self.stderr_path = out / "engine.stdout", out / "engine.stderr"
+        self.proc: subprocess.Popen | None = None
+        self.launch_error: str | None = None
+        self.t0 = time.perf_counter()
+
+    def poll(self) -> int | None:
+        return self.proc.poll() if self.proc else None
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            _kill_group(self.proc)
+            self.proc.wait()
+
+    def stderr_text(self) -> str:
+        try:
+            return self.stderr_path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
+
+    def finish(self, timeout: float) -> EngineRun:
+        """Wait up to `timeout` s for the exit (killed after that); the run as run_engine reports it."""
+        if self.proc is None:
+            return EngineRun(self.label, self.argv, self.extra, None, b"", "", 0.0, self.timeout,
+                             launch_error=self.launch_error)
+        timed_out = False
+        try:
+            self.proc.wait(timeout=max(0.0, timeout))
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            self.kill()
+        out = self.stdout_path.read_bytes() if self.stdout_path.exists() else b""
+        return EngineRun(self.label, self.argv, self.extra, self.proc.returncode, out, self.stderr_text(),
+                         time.perf_counter() - self.t0, self.timeout, timed_out)
+
+
+def start_engine(cmd: EngineCommand, args: list[str], out: Path, *, timeout: float, label: str = "",
+                 env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None,
+                 threads: int = 1, pass_fds: tuple[int, ...] = (), cpus: frozenset[int] | None = None) -> StartedEngine:
+    """Start `cmd args` as run_engine would, without waiting; `pass_fds` are inherited, and
+    `cpus` (when given) are the only CPUs the engine and every thread it starts may run on."""
+    argv, extra, full_env = _launch(cmd, args, env, threads)
+    started = StartedEngine(label, argv, extra, Path(out), timeout)
+    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None   # in the child, before exec
+    try:
+        with open(started.stdout_path, "wb") as so, open(started.stderr_path, "wb") as se:
+            started.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=so, stderr=se, env=full_env,
+                                            cwd=cwd, start_new_session=True, pass_fds=pass_fds, preexec_fn=pin)
+    except OSError as e:
+        started.launch_error = f"{type(e).__name__}: {e}"
+    return started
 
 
 def _kill_group(p: subprocess.Popen) -> None:

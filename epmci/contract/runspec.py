@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..units import arena_flag
-from .process import EngineCommand, EngineRun, run_engine
+from .process import EngineCommand, EngineRun, StartedEngine, run_engine, start_engine
 
 STATS_FILE = "stats.jsonl"
 LOGITS_FILE = "logits.bin"
@@ -40,12 +40,16 @@ class RunSpec:
     temp: float = 0.0                    # --temp (0: greedy)
     seed: int = 0                        # --seed
 
-    def args(self, model: str | os.PathLike, out: Path, pager_flags: bool = True) -> list[str]:
+    def args(self, model: str | os.PathLike, out: Path, pager_flags: bool = True,
+             pace_fds: tuple[int, int] | None = None) -> list[str]:
+        """`pace_fds` (read, write): the engine's ends of the pacing channel (--pace-fds)."""
         given = ["--tokens-in", self.tokens_in] if self.tokens_in else ["-p", self.prompt, "-n", str(self.n_predict)]
         a = ["-m", str(model), *given, "-c", str(self.ctx),
              "-t", str(self.threads), "-b", str(self.batch), "--temp", f"{self.temp:g}", "--seed", str(self.seed),
              *([] if self.chat else ["--no-chat"]), "--no-interactive", "--stats-file", str(out / STATS_FILE),
              "--dump-logits", "--logits-out", str(out / LOGITS_FILE)]
+        if pace_fds is not None:
+            a += ["--pace-fds", f"{pace_fds[0]},{pace_fds[1]}"]
         if not pager_flags:
             return a
         if not self.pager:
@@ -72,8 +76,19 @@ def run(engine: EngineCommand, model: str | os.PathLike, spec: RunSpec, out: Pat
         label: str = "", env: dict | None = None, cwd: str | os.PathLike | None = None) -> EngineRun:
     """Run `spec` with its outputs in `out`; `env` is added under the spec's own."""
     return run_engine(engine, spec.args(model, out, engine.has("pager")), timeout=timeout, label=label,
-                      env={**(env or {}), **{str(k): str(v) for k, v in spec.env.items()}},
-                      cwd=cwd, threads=spec.threads)
+                      env=_env(spec, env), cwd=cwd, threads=spec.threads)
+
+
+def start(engine: EngineCommand, model: str | os.PathLike, spec: RunSpec, out: Path, *, pace_fds: tuple[int, int],
+          timeout: float, label: str = "", env: dict | None = None, cwd: str | os.PathLike | None = None,
+          cpus: frozenset[int] | None = None) -> StartedEngine:
+    """Start `spec` paced over `pace_fds` (inherited by the engine), without waiting."""
+    return start_engine(engine, spec.args(model, out, engine.has("pager"), pace_fds), out, timeout=timeout, label=label,
+                        env=_env(spec, env), cwd=cwd, threads=spec.threads, pass_fds=pace_fds, cpus=cpus)
+
+
+def _env(spec: RunSpec, env: dict | None) -> dict:
+    return {**(env or {}), **{str(k): str(v) for k, v in spec.env.items()}}
 
 
 def selftest_args(model: str | os.PathLike, layer: int, expert: int, rows: int, out: Path, *,

@@ -86,12 +86,21 @@ class Worktree:
 
 # ------------------------------------------------------------------ build
 
+# Python engines hash strings with a per-process random seed, which moves dict layouts and
+# with them timings between processes; fixed, every process of a comparison hashes alike.
+FIXED_ENV = {"PYTHONHASHSEED": "0"}
+
+
 @dataclass
 class Side:
     label: str                     # "base" | "head"
     engine: EngineCommand
     cwd: Path | None = None
     env: dict = field(default_factory=dict)
+
+    def run_env(self) -> dict:
+        """The environment of this side's runs in a comparison."""
+        return {**FIXED_ENV, **self.env}
 
 
 def base_side(worktree: Path, head: EngineCommand) -> Side:
@@ -142,7 +151,7 @@ def run_abab(head: Side, base: Side, model: str | os.PathLike, spec: RunSpec, wo
 
     def one(side: Side, tag: str) -> Measurement | None:
         m = measure(side.engine, model, spec, workdir / side.label, timeout=timeout, cwd=side.cwd,
-                    env=side.env, label=f"{side.label} {tag}")
+                    env=side.run_env(), label=f"{side.label} {tag}")
         res.seconds += m.seconds
         if not m.ok:
             res.failure = f"{side.label} run ({tag}): {m.failure}"

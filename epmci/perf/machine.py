@@ -64,48 +64,90 @@ def _cpuinfo() -> dict[str, str]:
 
 
 def _mem_total_gib() -> float:
+    total = _meminfo_mib("MemTotal")
+    return round(total / 1024, 1) if total is not None else 0.0
+
+
+# cgroup v1 and v2 names of: the limit, the usage, the reclaimable page cache in memory.stat
+_CGROUP_FILES = {"v1": ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"),
+                 "v2": ("memory.max", "memory.current", "inactive_file")}
+
+
+def _memory_cgroups() -> list[tuple[Path, str]]:
+    """This process's memory cgroup and its ancestors up to the root, with the version."""
     try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return round(int(line.split()[1]) / 2**20, 1)
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
     except OSError:
-        pass
-    return 0.0
+        return []
+    cg, top, version = None, None, None
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) == 3 and "memory" in parts[1].split(","):
+            cg, top, version = parts[2], Path("/sys/fs/cgroup/memory"), "v1"
+            break
+    if cg is None:
+        for line in lines:
+            if line.startswith("0::"):
+                cg, top, version = line[3:], Path("/sys/fs/cgroup"), "v2"
+    if cg is None:
+        return []
+    out = []
+    d = top / cg.strip("/") if cg.strip("/") else top
+    while True:
+        out.append((d, version))
+        if d == top or top not in d.parents:
+            return out
+        d = d.parent
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        v = path.read_text().strip()
+    except OSError:
+        return None
+    return int(v) if v.isdigit() and int(v) < (1 << 60) else None
 
 
 def _cgroup_mem_limit_gib() -> float | None:
     """The smallest memory limit on the way from this process's cgroup to the root (cgroup v1
     memory.limit_in_bytes or v2 memory.max), in GiB; None when unlimited or unknown. A box
     capped at 8 GB reports its full RAM in /proc/meminfo, so this is what the cap shows in."""
+    limits = [v for d, ver in _memory_cgroups() if (v := _read_int(d / _CGROUP_FILES[ver][0])) is not None]
+    return round(min(limits) / 2**30, 2) if limits else None
+
+
+def _meminfo_mib(key: str) -> float | None:
     try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) / 1024
     except OSError:
-        return None
-    cg, top, name = None, None, None
-    for line in lines:
-        parts = line.split(":", 2)
-        if len(parts) == 3 and "memory" in parts[1].split(","):
-            cg, top, name = parts[2], Path("/sys/fs/cgroup/memory"), "memory.limit_in_bytes"
-            break
-    if cg is None:
-        for line in lines:
-            if line.startswith("0::"):
-                cg, top, name = line[3:], Path("/sys/fs/cgroup"), "memory.max"
-    if cg is None:
-        return None
-    best = None
-    d = top / cg.strip("/") if cg.strip("/") else top
-    while True:
+        pass
+    return None
+
+
+def available_memory_mib() -> float | None:
+    """Memory a new process can still take without swapping or meeting a cgroup limit:
+    MemAvailable, and under each limited cgroup on the way to the root its limit minus what
+    it uses (its inactive page cache counted as free, the kernel reclaims that first).
+    None when unknown."""
+    best = _meminfo_mib("MemAvailable")
+    for d, ver in _memory_cgroups():
+        limit_f, usage_f, cache_key = _CGROUP_FILES[ver]
+        limit, usage = _read_int(d / limit_f), _read_int(d / usage_f)
+        if limit is None or usage is None:
+            continue
+        cache = 0
         try:
-            v = (d / name).read_text().strip()
-            if v.isdigit() and int(v) < (1 << 60):
-                best = int(v) if best is None else min(best, int(v))
+            for line in (d / "memory.stat").read_text().splitlines():
+                k, _, v = line.partition(" ")
+                if k == cache_key and v.strip().isdigit():
+                    cache = int(v)
         except OSError:
             pass
-        if d == top or top not in d.parents:
-            break
-        d = d.parent
-    return round(best / 2**30, 2) if best is not None else None
+        free = (limit - max(0, usage - cache)) / 2**20
+        best = free if best is None else min(best, free)
+    return best
 
 
 def _mount_of(path: Path) -> tuple[str, str]:

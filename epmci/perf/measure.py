@@ -59,22 +59,36 @@ class Measurement:
         return self.stats.get("decode", {}).get(name, default)
 
 
+def prepare_outdir(outdir: str | os.PathLike) -> Path:
+    """The run's output directory, without the files of an earlier run (stats are appended to)."""
+    out = Path(outdir)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in (STATS_FILE, LOGITS_FILE):
+        (out / name).unlink(missing_ok=True)
+    return out
+
+
 def measure(engine: EngineCommand, model: str | os.PathLike, spec: RunSpec, outdir: str | os.PathLike,
             *, timeout: float, keep_rows: int = 0, drop_cache: bool = True,
             cwd: str | os.PathLike | None = None, label: str = "", keep_files: bool = False,
             env: dict | None = None) -> Measurement:
     """Run the engine once and read what it wrote. Never raises for engine failures: a run
     that failed or wrote unusable output is a Measurement with ok=False and the reason."""
-    out = Path(outdir)
-    out.mkdir(parents=True, exist_ok=True)
-    for name in (STATS_FILE, LOGITS_FILE):      # the stats file is appended to
-        (out / name).unlink(missing_ok=True)
+    out = prepare_outdir(outdir)
     if drop_cache:
         drop_page_cache(model)
     with CpuContention() as busy:
         # cwd: the caller's unless given, so a relative --engine-cmd path means what the user typed
         result = run(engine, model, spec, out, timeout=timeout, label=label, env=env, cwd=cwd)
-    m = Measurement(label, False, run=result, other_cpu_pct=busy.other_pct)
+    return read_measurement(label, result, out, keep_rows=keep_rows, keep_files=keep_files,
+                            other_cpu_pct=busy.other_pct)
+
+
+def read_measurement(label: str, result: EngineRun, out: Path, *, keep_rows: int = 0, keep_files: bool = False,
+                     other_cpu_pct: float | None = None) -> Measurement:
+    """What a finished run wrote into `out`, as a Measurement (ok=False with the reason when
+    the run failed or its output is unusable)."""
+    m = Measurement(label, False, run=result, other_cpu_pct=other_cpu_pct)
     if not result.ok:
         m.failure = result.failure()
         return m

@@ -65,7 +65,7 @@ def prepare(cfg: CheckConfig, model_path: Path, facts: ModelFacts, engine: dict,
                                 f"the model generator changed without a version bump, or the file is damaged")
     plan = PerfPlan(cfg, facts, ident, golden, gfile, pc.profile, fingerprint(model_path.parent),
                     perf_settings(cfg), engine=engine)
-    plan.repeats = pc.fast_repeats if cfg.fast else pc.repeats
+    plan.repeats = pc.repeats
     for name in pc.scenarios:
         plan.specs[name] = plan.scenario_specs(name)
     if pc.base and load_golden:

@@ -1,0 +1,308 @@
+"""Per-step interleaved A/B of two engines: `--perf-base` when both engines take --pace-fds.
+
+Machine noise on a shared runner varies over seconds; whole runs one after another (ABBA,
+epmci.perf.abba) see different noise. Here both engines are alive at once and the gate
+paces them (docs/engine-contract.md, Pacing): one decode step of one, then one of the other,
+in a random order per step pair (balanced over each two step pairs), so what slows the
+machine down for a moment hits both sides alike and pairs of steps of the same token (same
+routing, same reads) are compared.
+
+1. Probe: each side runs once alone, paced, with the comparison's settings but PROBE_STEPS
+   decode steps. It warms numba's cache (a base with other numba sources compiles here),
+   proves the engine speaks the protocol (an engine that rejects --pace-fds with exit 2
+   while the same run without it works: fall back to ABBA) and measures its peak RSS: both
+   engines must fit the available memory at once, else fall back to ABBA
+   (epmci.perf.machine.available_memory_mib).
+2. Process pairs: fresh processes started in a random order, the model's page cache dropped
+   first, PYTHONHASHSEED fixed; both prefill, then `warmup` + `steps` step pairs. A pair's
+   sample is the Hodges-Lehmann estimate of its per-step log tok/s ratios head/base after the
+   warm-up steps (wall time; CPU time alike, reported beside it).
+3. Decision (epmci.compare.stats.compare_paced) on the pairs' samples after `pairs` pairs and,
+   while UNKNOWN, every `step_pairs` more up to `max_pairs`, alpha split over those looks.
+
+The per-step wall times also give each side's inter-token latency percentiles.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import secrets
+import statistics
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from ..compare.stats import UNKNOWN, Comparison, compare_paced, hodges_lehmann, per_look_alpha
+from ..contract.pace import PacedEngine, PaceError, PaceUnsupported
+from ..contract.process import EngineRun, drop_page_cache
+from ..contract.runspec import RunSpec
+from .abba import Side
+from .machine import CpuContention, available_memory_mib
+from .measure import Measurement, measure, prepare_outdir, read_measurement
+
+# both engines at once need their probes' peak RSS plus this share on top (allocator slack,
+# the page cache of the model's resident tensors while they are read, what a longer run
+# keeps per token -- logits rows)
+MEMORY_MARGIN = 0.15
+PROBE_STEPS = 2          # decode steps of a probe: the decode path runs (and compiles), cheaply
+
+
+class PairFailed(Exception):
+    """A paced run failed: which side, why, and its run (stderr tail, command)."""
+
+    def __init__(self, side: str, what: str, reason: str, run: EngineRun | None):
+        super().__init__(f"{side} run ({what}): {reason}")
+        self.side, self.reason, self.run = side, reason, run
+
+
+class Unpaceable(Exception):
+    """Why this comparison cannot run paced (the caller falls back to ABBA and says so)."""
+
+
+@dataclass
+class ProcessPair:
+    started_first: str                  # "base" | "head"
+    step_order: str                     # per step pair: A = base stepped first, B = head first
+    base_wall: list[float]              # per paired step, warm-up steps included
+    head_wall: list[float]
+    base_cpu: list[float]
+    head_cpu: list[float]
+    warmup: int
+    base: Measurement                   # counters, fingerprint, peak RSS of each run
+    head: Measurement
+    other_cpu_pct: float | None = None
+    seconds: float = 0.0
+    cpus: list[int] | None = None       # the CPUs both engines were pinned to (None: not pinned)
+
+    def log_ratios(self, kind: str = "wall") -> np.ndarray:
+        """log(head tok/s / base tok/s) per measured step = log(base time / head time)."""
+        b = np.asarray(getattr(self, f"base_{kind}")[self.warmup:])
+        h = np.asarray(getattr(self, f"head_{kind}")[self.warmup:])
+        return np.log(b / h)
+
+    def sample(self, kind: str = "wall") -> float:
+        """The pair's value for the decision: Hodges-Lehmann of its per-step log-ratios."""
+        return hodges_lehmann(self.log_ratios(kind))
+
+    def measured(self, side: str) -> list[float]:
+        return getattr(self, f"{side}_wall")[self.warmup:]
+
+
+@dataclass
+class PacedResult:
+    comparison: Comparison | None = None
+    cpu_ratio: float | None = None         # the same estimate on CPU time (exp of the mean pair sample)
+    pairs: list[ProcessPair] = field(default_factory=list)
+    probes: dict[str, Measurement] = field(default_factory=dict)
+    memory: dict = field(default_factory=dict)   # peaks and available MiB behind the two-engine check
+    seed: int = 0
+    alpha: float = 0.0                     # per look
+    failure: PairFailed | None = None
+    seconds: float = 0.0
+
+    @property
+    def n_pairs(self) -> int:
+        return len(self.pairs)
+
+    def samples(self, kind: str = "wall") -> list[float]:
+        return [p.sample(kind) for p in self.pairs]
+
+    def latencies(self, side: str) -> list[float]:
+        return [x for p in self.pairs for x in p.measured(side)]
+
+    @property
+    def first(self) -> ProcessPair | None:
+        return self.pairs[0] if self.pairs else None
+
+
+def paced_spec(spec: RunSpec, warmup: int, steps: int) -> RunSpec:
+    """-n for `warmup` + `steps` decode steps (the last generated token is not fed back)."""
+    return replace(spec, n_predict=warmup + steps + 1)
+
+
+def _engine(side: Side, model, spec: RunSpec, out: Path, timeout: float, label: str,
+            cpus: frozenset[int] | None = None) -> PacedEngine:
+    try:
+        return PacedEngine(side.engine, model, spec, out, timeout=timeout, label=label, env=side.run_env(),
+                           cwd=side.cwd or out, cpus=cpus)
+    except PaceError as e:
+        raise PairFailed(side.label, label, e.reason, e.run) from None
+
+
+def _measured(side: Side, run: EngineRun, out: Path, label: str, busy: float | None) -> Measurement:
+    m = read_measurement(label, run, out, other_cpu_pct=busy)
+    if not m.ok:
+        raise PairFailed(side.label, label, m.failure or "failed", run)
+    return m
+
+
+def probe(side: Side, model, spec: RunSpec, workdir: Path, timeout: float) -> Measurement:
+    """The side alone, paced, PROBE_STEPS decode steps of `spec`: raises PaceUnsupported (it
+    rejected --pace-fds) or PairFailed; returns the run's measurement (its peak RSS sizes the
+    two-engine check)."""
+    spec = replace(spec, n_predict=PROBE_STEPS + 1)
+    out = prepare_outdir(workdir / f"{side.label}-probe")
+    drop_page_cache(model)
+    label = f"{side.label} probe"
+    with CpuContention() as busy:
+        eng = _engine(side, model, spec, out, timeout, label)
+        try:
+            eng.wait_ready()
+            while eng.step() is not None:
+                pass
+            run = eng.finish()
+        except PaceUnsupported:
+            raise
+        except PaceError as e:
+            raise PairFailed(side.label, label, e.reason, e.run) from None
+    return _measured(side, run, out, label, busy.other_pct)
+
+
+def step_orders(rng: np.random.Generator):
+    """Which side steps first in each step pair ("base" | "head"): blocks of two step pairs in
+    a random one of the orders (base, head), (head, base) or (head, base), (base, head), so
+    each side goes first equally often (going first is measurably faster on a busy machine)
+    and the order stays random."""
+    while True:
+        first = "base" if rng.random() < 0.5 else "head"
+        second = "head" if first == "base" else "base"
+        yield first
+        yield second
+
+
+def pair_cpus(threads: int, rng: np.random.Generator) -> frozenset[int] | None:
+    """The CPUs both engines of a pair run on: `threads` of this process's CPUs, picked at
+    random per pair; None (no pinning) when that would be all of them."""
+    mine = sorted(os.sched_getaffinity(0))
+    if threads >= len(mine):
+        return None
+    return frozenset(int(c) for c in rng.choice(mine, size=threads, replace=False))
+
+
+def run_pair(head: Side, base: Side, model, spec: RunSpec, workdir: Path, *, warmup: int, timeout: float,
+             rng: np.random.Generator, label: str, pin: bool = True) -> ProcessPair:
+    """One process pair (step 2 of the module doc). Raises PairFailed; both engines are
+    killed whatever goes wrong."""
+    sides = {"base": base, "head": head}
+    other = {"base": "head", "head": "base"}
+    first = "base" if rng.random() < 0.5 else "head"
+    cpus = pair_cpus(spec.threads, rng) if pin else None
+    # neutral directory names, assigned at random: nothing but the code under test tells the sides apart
+    names = ["p", "q"] if rng.random() < 0.5 else ["q", "p"]
+    outs = {k: prepare_outdir(workdir / n) for k, n in zip(sides, names)}
+    drop_page_cache(model)
+    t0 = time.perf_counter()
+    engines: dict[str, PacedEngine] = {}
+    walls: dict[str, list[float]] = {"base": [], "head": []}
+    cpu_s: dict[str, list[float]] = {"base": [], "head": []}
+    order = []
+    current = first
+    try:
+        with CpuContention() as busy:
+            for k in (first, other[first]):
+                current = k
+                engines[k] = _engine(sides[k], model, spec, outs[k], timeout, f"{k} {label}", cpus)
+            for k in (first, other[first]):
+                current = k
+                engines[k].wait_ready()
+            for pair_first in step_orders(rng):
+                if engines["base"].ended and engines["head"].ended:
+                    break
+                reports = {}
+                for k in (pair_first, other[pair_first]):
+                    current = k
+                    reports[k] = engines[k].step()
+                if reports["base"] is not None and reports["head"] is not None:
+                    order.append("A" if pair_first == "base" else "B")
+                    for k, r in reports.items():
+                        walls[k].append(r.wall_s)
+                        cpu_s[k].append(r.cpu_s)
+            runs = {k: engines[k].finish() for k in ("base", "head")}   # waited for: their CPU is ours
+        ms = {k: _measured(sides[k], runs[k], outs[k], f"{k} {label}", busy.other_pct) for k in ("base", "head")}
+    except PaceError as e:
+        for k, eng in engines.items():
+            if k != current:
+                eng.kill()
+        raise PairFailed(current, label, e.reason, e.run) from None
+    except BaseException:
+        for eng in engines.values():
+            eng.kill()
+        raise
+    n = len(walls["base"])
+    if n <= warmup:
+        raise PairFailed("head" if len(engines["head"].steps) <= warmup else "base", label,
+                         f"only {n} paired decode steps, {warmup} of them warm-up: nothing measured "
+                         f"(an end-of-generation token early? base {len(engines['base'].steps)}, head "
+                         f"{len(engines['head'].steps)} steps)", None)
+    return ProcessPair(first, "".join(order), walls["base"], walls["head"], cpu_s["base"], cpu_s["head"], warmup,
+                       ms["base"], ms["head"], busy.other_pct, time.perf_counter() - t0, sorted(cpus) if cpus else None)
+
+
+def fits_two(peaks_mib: dict[str, float], available: float | None) -> tuple[bool, str]:
+    """Whether both engines fit the memory at once: their probes' peak RSS + MEMORY_MARGIN."""
+    need = sum(peaks_mib.values()) * (1.0 + MEMORY_MARGIN)
+    have = "unknown" if available is None else f"{available:.0f} MiB"
+    what = (f"both engines at once need {need:.0f} MiB (peak RSS base {peaks_mib['base']:.0f} + head "
+            f"{peaks_mib['head']:.0f} MiB, +{MEMORY_MARGIN:.0%}), available {have}")
+    return (available is None or need <= available), what
+
+
+def run_paced(head: Side, base: Side, model, spec: RunSpec, workdir: Path, *, pairs: int, max_pairs: int,
+              step_pairs: int, warmup: int, alpha: float, floor: float, min_effect: float, timeout: float,
+              seed: int | None = None, probe_first: bool = True,
+              available: Callable[[], float | None] = available_memory_mib,
+              progress: Callable[[str], None] | None = None) -> PacedResult:
+    """Steps 1-3 of the module doc. Raises Unpaceable (fall back to ABBA) before any pair ran;
+    a failed run is `failure` of the result."""
+    say = progress or (lambda s: None)
+    res = PacedResult(seed=secrets.randbits(32) if seed is None else seed,
+                      alpha=per_look_alpha(alpha, pairs, max_pairs, step_pairs))
+    rng = np.random.default_rng(res.seed)
+    t0 = time.perf_counter()
+    try:
+        if probe_first:
+            for side in (base, head):
+                try:
+                    res.probes[side.label] = probe(side, model, spec, workdir, timeout)
+                except PaceUnsupported as e:
+                    # exit 2 can also be a setting the engine refuses: only when the same run
+                    # without --pace-fds works was it the flag
+                    m = measure(side.engine, model, spec, workdir / f"{side.label}-unpaced", timeout=timeout,
+                                cwd=side.cwd, env=side.run_env(), label=f"{side.label} probe without --pace-fds")
+                    if not m.ok:
+                        raise PairFailed(side.label, "probe without --pace-fds", m.failure or "failed", m.run) from None
+                    raise Unpaceable(f"the {side.label} engine does not take --pace-fds ({e.reason}; the same "
+                                     f"run without it works)") from None
+            peaks = {k: m.peak_rss_mb for k, m in res.probes.items()}
+            ok, what = fits_two(peaks, available())
+            res.memory = {"peak_rss_mb": peaks, "available_mb": available(), "fits": ok}
+            say(f"[perf-base] paced: {what}")
+            if not ok:
+                raise Unpaceable(f"two engines do not fit the memory at once: {what}")
+        want = pairs
+        while True:
+            k = len(res.pairs) + 1
+            pair = run_pair(head, base, model, spec, workdir / f"pair-{k}", warmup=warmup, timeout=timeout,
+                            rng=rng, label=f"pair {k}")
+            res.pairs.append(pair)
+            say(f"[perf-base] pair {k}: head/base tok/s x{math.exp(pair.sample()):.4f} over "
+                f"{len(pair.log_ratios())} steps (CPU x{math.exp(pair.sample('cpu')):.4f}), started first: "
+                f"{pair.started_first}")
+            if len(res.pairs) < want:
+                continue
+            base_tok_s = 1.0 / statistics.median(res.latencies("base"))
+            head_tok_s = 1.0 / statistics.median(res.latencies("head"))
+            res.comparison = compare_paced(res.samples(), res.alpha, floor, min_effect, base_tok_s, head_tok_s)
+            res.cpu_ratio = math.exp(statistics.fmean(res.samples("cpu")))
+            if res.comparison.verdict != UNKNOWN or len(res.pairs) >= max_pairs:
+                return res
+            want = min(max_pairs, len(res.pairs) + step_pairs)
+    except PairFailed as e:
+        res.failure = e
+        return res
+    finally:
+        res.seconds = time.perf_counter() - t0
