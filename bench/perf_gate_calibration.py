@@ -1,32 +1,42 @@
 #!/usr/bin/env python3
 """How often does `--perf-base` cry wolf, and how often does it catch a real slowdown?
 
-    python bench/perf_gate_calibration.py [--trials 8] [--slowdowns 0.10,0.05] [--out results/]
+    python bench/perf_gate_calibration.py [--counts unchanged=100,slow5=50,slow10=50,io5=30]
+        [--abba N] [--golden N] [--io-delay-ms D] [--label NAME] [--out DIR] [--resume]
 
-Runs the paired machinery of `epmci check --perf-base` (epmci.perf.abba.run_abab +
-epmci.compare.stats.compare_paired, with the perf settings and thresholds of epmci.yaml) repeatedly:
+Runs the machinery of `epmci check --perf-base` with the settings of epmci.yaml over and over
+on the ci model, one gate decision per trial:
 
-- unchanged: base and head are the same bundled engine -- every DIFFERENT verdict is a false
-  alarm (only a DIFFERENT with ratio < 1 fails the gate);
-- slow X%: the head is the bundled engine made X% slower in decode (a wrapper that, after each
-  decode step, busy-waits X / (1 - X) times as long as the step took and adds that to the
-  decode phase's seconds, so decode tok/s drops by exactly X; a busy wait, not a sleep: sleeps
-  overshoot on a loaded box, which made an earlier version of this wrapper ~1.5x too slow)
-  -- a DIFFERENT verdict with ratio < 1 is a detection.
+- paced decisions (epmci.perf.paced.run_paced, probes included, as the gate runs them):
+  - `unchanged`: base and head are the same bundled engine -- a DIFFERENT-and-slower verdict
+    (or a p99 latency failure) is a false alarm;
+  - `slowX`: the head made X % slower in compute: after each decode step a busy wait of
+    X / (100 - X) times the step's own wall time (so its tok/s drops by exactly X %; a busy
+    wait, not a sleep, which overshoots on a loaded box);
+  - `ioX`: the head's expert reads slowed: issuing an expert read (ExpertIO.submit, the read
+    path of engine/paging/expert_io.py) first sleeps `--io-delay-ms` on the issuing thread --
+    latency, not compute, so CPU time stays flat. (A sleep in the reader threads instead costs
+    the Python engine CPU time too: each wake-up takes the GIL back from the compute.) X only
+    names the condition; the realized slowdown is measured (the median ratio of its trials);
+- `--abba N`: N decisions of today's fallback (whole-run ABBA, unchanged engine) for the noise
+  before;
+- `--golden N`: N decisions of the unpaired golden comparison per condition unchanged, slow5,
+  slow10 (perf.repeats timed runs up to perf.max_repeats, Mann-Whitney against a baseline of
+  perf.repeats runs recorded at the start of the calibration: a cross-time comparison, as
+  golden files are).
 
-Conditions are interleaved trial by trial (unchanged, slow 10%, slow 5%, unchanged, ...) so
-the load of a shared machine falls on all of them alike. Each trial is one gate decision:
-perf.base_pairs ABBA pairs, UNKNOWN buying two more pairs at a time up to
-perf.base_max_pairs, alpha split over those looks. Only the first trial has warm-up runs (numba's cache and the page cache
-of its files are warm after that; the model's pages are dropped before every run anyway).
-
-Prints a Markdown table (rates, runs per decision, wall time) and writes the trials as JSON.
+Slow heads are wrapper scripts that monkeypatch a copy of the engine; nothing in the engine
+knows about them. Trials of all conditions are interleaved evenly (each condition spread
+over the whole run), so the shared machine's load falls on all of them alike. Every trial is
+appended to DIR/NAME.json as it finishes (atomically); --resume continues a stopped run.
+Prints a Markdown table at the end (also: --summary JSON).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -35,19 +45,24 @@ import textwrap
 import time
 from pathlib import Path
 
+import numpy as np
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from epmci.compare.stats import DIFFERENT, SAME, UNKNOWN, per_look_alpha  # noqa: E402
+from epmci.compare.stats import (DIFFERENT, SAME, UNKNOWN, compare_samples, latency_percentiles,  # noqa: E402
+                                 per_look_alpha)
 from epmci.config import load_config, parse_set  # noqa: E402
 from epmci.config.experiments import EXPERIMENTS  # noqa: E402
 from epmci.contract.process import EngineCommand  # noqa: E402
 from epmci.gguf.facts import ModelFacts  # noqa: E402
 from epmci.gguf.file import ModelFile  # noqa: E402
-from epmci.perf.abba import Side, run_abab  # noqa: E402
+from epmci.perf.abba import FIXED_ENV, Side, run_abab  # noqa: E402
+from epmci.perf.measure import measure  # noqa: E402
+from epmci.perf.paced import paced_spec, run_paced  # noqa: E402
 from epmci.synth.store import resolve_model  # noqa: E402
 
-SLOW_WRAPPER = """
+COMPUTE_WRAPPER = """
 import sys, time
 import engine.cli, engine.runtime as R
 SLOW = {factor!r}          # extra decode time, relative to the decode step itself
@@ -66,97 +81,224 @@ R.Engine.eval = eval
 sys.exit(engine.cli.main())
 """
 
+IO_WRAPPER = """
+import sys, time
+import engine.cli
+from engine.paging import expert_io
+DELAY = {delay!r}          # seconds of extra latency per expert read
+_submit = expert_io.ExpertIO.submit
+def submit(self, ranges, defer=False):
+    time.sleep(DELAY)      # on the thread that issues the read: the pager waits, the CPU does not work
+    return _submit(self, ranges, defer)
+expert_io.ExpertIO.submit = submit
+sys.exit(engine.cli.main())
+"""
 
-def slowed_engine(tmp: Path, slowdown: float) -> EngineCommand:
-    p = tmp / f"slow_{int(round(slowdown * 1000))}.py"
-    p.write_text(textwrap.dedent(SLOW_WRAPPER.format(factor=slowdown / (1 - slowdown))))
+
+def wrapper(tmp: Path, name: str, text: str) -> EngineCommand:
+    p = tmp / f"{name}.py"
+    p.write_text(textwrap.dedent(text))
     return EngineCommand((sys.executable, str(p)), False)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--trials", type=int, default=8, help="trials per condition")
-    ap.add_argument("--slowdowns", default="0.10,0.05", help="decode tok/s reductions of the slowed heads")
-    ap.add_argument("--config", default=str(REPO / "epmci.yaml"))
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="override a setting, e.g. --set perf.paired_test=sign --set perf.base_n_predict=16")
-    ap.add_argument("--model", help="default: the config's model (ci)")
-    ap.add_argument("--out", default=str(REPO / "results"))
-    ap.add_argument("--label", default="perf_gate_calibration", help="output file name (JSON)")
-    a = ap.parse_args()
+def heads(tmp: Path, names: list[str], io_delay_s: float) -> dict[str, EngineCommand]:
+    out = {}
+    for name in names:
+        if name == "unchanged":
+            out[name] = EngineCommand.from_setting(None)
+        elif name.startswith("slow"):
+            x = float(name[4:]) / 100
+            out[name] = wrapper(tmp, name, COMPUTE_WRAPPER.format(factor=x / (1 - x)))
+        elif name.startswith("io"):
+            out[name] = wrapper(tmp, name, IO_WRAPPER.format(delay=io_delay_s))
+        else:
+            raise SystemExit(f"unknown condition {name!r} (unchanged, slowX, ioX)")
+    return out
 
-    cfg = load_config(a.config, parse_set(a.set))
+
+def interleave(counts: dict[str, int], done: dict[str, int]) -> list[str]:
+    """The remaining trials, each condition spread evenly over the run."""
+    keyed = [((k + 0.5) / n, i, name) for i, (name, n) in enumerate(counts.items()) for k in range(done.get(name, 0), n)]
+    return [name for _, _, name in sorted(keyed)]
+
+
+def pooled_sd(groups: list[list[float]]) -> float | None:
+    """sd of values around their group's mean, pooled over groups (ddof per group)."""
+    ss = sum(float(np.sum((np.asarray(g) - np.mean(g)) ** 2)) for g in groups if len(g) > 1)
+    df = sum(len(g) - 1 for g in groups if len(g) > 1)
+    return math.sqrt(ss / df) if df else None
+
+
+def paced_trial(cfg, model, spec, head: EngineCommand, base: EngineCommand, tmp: Path) -> dict:
     pc = cfg.perf
-    model = resolve_model(a.model or cfg.model).resolve()
-    facts = ModelFacts.of(ModelFile(model), cfg.run.slot_align)
-    fixed = {"n_predict": pc.base_n_predict, "ctx": pc.ctx, "batch": pc.batch, "threads": cfg.engine.threads,
-             "arena_fraction": pc.arena_fraction, "ram_budget_mb": pc.ram_budget_mb}
-    spec = EXPERIMENTS[pc.scenarios[0]].spec(pc.prompts[0], fixed, facts)
-    bundled = EngineCommand.from_setting(None)
-    slowdowns = [float(x) for x in a.slowdowns.split(",") if x.strip()]
-    out_dir = Path(a.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    print(f"[calib] model {model}; scenario {pc.scenarios[0]}, prompt {pc.prompts[0]!r}, -n {pc.base_n_predict}, "
-          f"-b {pc.batch}, arena {spec.arena_mb:.2f} MiB; pairs {pc.base_pairs}..{pc.base_max_pairs}, "
-          f"{pc.paired_test} test, alpha {pc.alpha} ({per_look_alpha(pc.alpha, pc.base_pairs, pc.base_max_pairs):.3g} "
-          f"per look), min effect {pc.min_effect:.0%}; {a.trials} trials x "
-          f"{1 + len(slowdowns)} conditions; {os.cpu_count()} CPUs, load {os.getloadavg()}", flush=True)
-    trials = []
-    with tempfile.TemporaryDirectory(prefix="epmci-calib-") as td:
-        tmp = Path(td)
-        conditions = [("unchanged", 0.0, bundled)] + [(f"slow {s:.0%}", s, slowed_engine(tmp, s)) for s in slowdowns]
-        first = True
-        for t in range(a.trials):
-            for name, s, head_cmd in conditions:
-                load0 = os.getloadavg()[0]
-                t0 = time.time()
-                res = run_abab(Side("head", head_cmd), Side("base", bundled), model, spec, tmp / "runs",
-                               pairs=pc.base_pairs, max_pairs=pc.base_max_pairs, alpha=pc.alpha,
-                               min_effect=pc.min_effect, timeout=cfg.engine.timeout_s, warmup=first,
-                               test=pc.paired_test)
-                first = False
-                wall = time.time() - t0
-                if res.failure:
-                    print(f"[calib] {name} trial {t + 1}: FAILED: {res.failure}", flush=True)
-                    return 2
-                c = res.comparison
-                rec = {"condition": name, "slowdown": s, "trial": t + 1, "verdict": c.verdict,
-                       "ratio": c.ratio, "ci": list(c.ci), "p_value": c.p_value, "pairs": res.pairs,
-                       "runs": len(res.order), "wall_s": round(wall, 1), "load_start": load0,
-                       "load_end": os.getloadavg()[0], "base": res.base, "head": res.head,
-                       "outputs_equal": res.base_first.fingerprint() == res.head_first.fingerprint()}
-                trials.append(rec)
-                print(f"[calib] {name:>9} trial {t + 1}/{a.trials}: {c.verdict:<9} x{c.ratio:.3f} "
-                      f"[{c.ci[0]:.3f}, {c.ci[1]:.3f}] p={c.p_value:.3g} pairs {res.pairs} "
-                      f"({wall:.0f} s, load {load0:.1f})", flush=True)
-                (out_dir / f"{a.label}.json").write_text(json.dumps(
-                    {"config": a.config, "overrides": a.set, "model": str(model), "spec": spec.settings(),
-                     "test": pc.paired_test, "pairs": [pc.base_pairs, pc.base_max_pairs], "alpha": pc.alpha,
-                     "alpha_per_look": per_look_alpha(pc.alpha, pc.base_pairs, pc.base_max_pairs),
-                     "trials": trials}, indent=1))
-    print()
-    print(summary(trials, pc))
-    return 0
+    res = run_paced(Side("head", head), Side("base", base), model, paced_spec(spec, pc.base_warmup_steps, pc.base_steps),
+                    tmp / "paced", pairs=pc.base_pairs, max_pairs=pc.base_max_pairs, step_pairs=pc.base_more_pairs,
+                    warmup=pc.base_warmup_steps, alpha=pc.base_alpha, floor=pc.base_floor, min_effect=pc.min_effect,
+                    timeout=cfg.engine.timeout_s)
+    if res.failure:
+        raise SystemExit(f"[calib] paced decision failed: {res.failure}")
+    c = res.comparison
+    lat = {s: latency_percentiles(res.latencies(s)) for s in ("base", "head")}
+    p99 = lat["head"]["p99"] / lat["base"]["p99"]
+    return {"kind": "paced", "verdict": c.verdict, "ratio": c.ratio, "ci": list(c.ci), "p_value": c.p_value,
+            "pairs": res.n_pairs, "samples": res.samples(), "cpu_samples": res.samples("cpu"),
+            "cpu_ratio": res.cpu_ratio, "p99_ratio": p99, "p99_fail": p99 > pc.p99_max_ratio,
+            "latency_ms": {s: {q: round(1e3 * v, 3) for q, v in lat[s].items()} for s in lat},
+            "other_cpu_pct": [p.other_cpu_pct for p in res.pairs], "seed": res.seed,
+            "outputs_equal": res.first.base.fingerprint() == res.first.head.fingerprint(),
+            "runs": 2 * res.n_pairs + 2}
 
 
-def summary(trials: list[dict], pc) -> str:
-    lines = ["| condition | trials | fails the gate (DIFFERENT, slower) | DIFFERENT, faster | SAME | UNKNOWN "
-             "| pairs per decision (median, max) | runs per decision (mean) | minutes per decision (mean) "
-             "| median paired ratio |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    for name in dict.fromkeys(t["condition"] for t in trials):
-        ts = [t for t in trials if t["condition"] == name]
+def abba_trial(cfg, model, spec, engine: EngineCommand, tmp: Path) -> dict:
+    pc = cfg.perf
+    res = run_abab(Side("head", engine), Side("base", engine), model, paced_spec(spec, 0, pc.abba_n_predict - 1),
+                   tmp / "abba", pairs=pc.abba_pairs, max_pairs=pc.abba_max_pairs, alpha=pc.alpha,
+                   min_effect=pc.min_effect, timeout=cfg.engine.timeout_s, test=pc.paired_test)
+    if res.failure:
+        raise SystemExit(f"[calib] ABBA decision failed: {res.failure}")
+    c = res.comparison
+    return {"kind": "abba", "verdict": c.verdict, "ratio": c.ratio, "ci": list(c.ci), "p_value": c.p_value,
+            "pairs": res.pairs, "samples": [math.log(h / b) for b, h in zip(res.base, res.head)],
+            "runs": len(res.order) + 2}
+
+
+def golden_trial(cfg, model, spec, engine: EngineCommand, baseline: list[float], tmp: Path) -> dict:
+    pc = cfg.perf
+    alpha = per_look_alpha(pc.alpha, pc.repeats, pc.max_repeats)
+    cur = []
+
+    def timed() -> None:
+        m = measure(engine, model, spec, tmp / "golden", timeout=cfg.engine.timeout_s, env=FIXED_ENV)
+        if not m.ok:
+            raise SystemExit(f"[calib] golden run failed: {m.failure}")
+        cur.append(m.tok_s)
+
+    for _ in range(pc.repeats):
+        timed()
+    c = compare_samples(baseline, cur, alpha, pc.min_effect)
+    while c.verdict == UNKNOWN and len(cur) < pc.max_repeats:
+        for _ in range(min(2, pc.max_repeats - len(cur))):
+            timed()
+        c = compare_samples(baseline, cur, alpha, pc.min_effect)
+    return {"kind": "golden", "verdict": c.verdict, "ratio": c.ratio, "ci": list(c.ci), "p_value": c.p_value,
+            "pairs": len(cur), "samples": cur, "runs": len(cur)}
+
+
+def summary(trials: list[dict]) -> str:
+    lines = ["| gate | condition | decisions | fails the gate (DIFFERENT, slower) | DIFFERENT, faster | SAME | UNKNOWN "
+             "| p99 fails | pairs per decision (median, max) | minutes per decision (median, mean) "
+             "| median ratio (CPU) | per-pair noise (sd of log-ratio) |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for kind, name in dict.fromkeys((t["kind"], t["condition"]) for t in trials):
+        ts = [t for t in trials if t["kind"] == kind and t["condition"] == name]
         n = len(ts)
         slower = sum(t["verdict"] == DIFFERENT and t["ratio"] < 1 for t in ts)
         faster = sum(t["verdict"] == DIFFERENT and t["ratio"] >= 1 for t in ts)
         same = sum(t["verdict"] == SAME for t in ts)
         unk = sum(t["verdict"] == UNKNOWN for t in ts)
+        p99 = f"{sum(t['p99_fail'] for t in ts)}/{n}" if kind == "paced" else ""
         pairs = [t["pairs"] for t in ts]
-        lines.append(f"| {name} | {n} | {slower}/{n} ({slower / n:.0%}) | {faster}/{n} | {same}/{n} | {unk}/{n} "
-                     f"| {statistics.median(pairs):g}, {max(pairs)} | {statistics.mean(t['runs'] for t in ts):.1f} "
-                     f"| {statistics.mean(t['wall_s'] for t in ts) / 60:.1f} "
-                     f"| {statistics.median(t['ratio'] for t in ts):.3f} |")
+        mins = [t["wall_s"] / 60 for t in ts]
+        cpu = f" ({statistics.median(t['cpu_ratio'] for t in ts):.3f})" if kind == "paced" else ""
+        noise = pooled_sd([t["samples"] for t in ts]) if kind != "golden" else None
+        lines.append(f"| {kind} | {name} | {n} | {slower}/{n} ({slower / n:.0%}) | {faster}/{n} | {same}/{n} | "
+                     f"{unk}/{n} | {p99} | {statistics.median(pairs):g}, {max(pairs)} | "
+                     f"{statistics.median(mins):.2f}, {statistics.mean(mins):.2f} | "
+                     f"{statistics.median(t['ratio'] for t in ts):.3f}{cpu} | "
+                     f"{'' if noise is None else f'{noise:.4f}'} |")
     return "\n".join(lines)
+
+
+def parse_counts(text: str) -> dict[str, int]:
+    out = {}
+    for item in text.split(","):
+        name, _, n = item.partition("=")
+        out[name.strip()] = int(n)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--counts", default="unchanged=100,slow5=50,slow10=50,io5=30",
+                    help="paced decisions per condition (unchanged, slowX: X %% slower compute, ioX: slow reads)")
+    ap.add_argument("--abba", type=int, default=0, help="ABBA decisions of the unchanged engine (the noise before)")
+    ap.add_argument("--golden", type=int, default=0, help="golden-comparison decisions per condition unchanged, "
+                                                           "slow5, slow10")
+    ap.add_argument("--io-delay-ms", type=float, default=1.0, help="extra latency per range read of the io heads")
+    ap.add_argument("--config", default=str(REPO / "epmci.yaml"))
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a setting")
+    ap.add_argument("--model", help="default: the config's model (ci)")
+    ap.add_argument("--out", default=str(REPO / "results"))
+    ap.add_argument("--label", default="perf_gate_calibration", help="output file name (JSON)")
+    ap.add_argument("--resume", action="store_true", help="continue the trials of an existing DIR/NAME.json")
+    ap.add_argument("--summary", metavar="JSON", help="only print the table of an earlier run")
+    a = ap.parse_args()
+    if a.summary:
+        print(summary(json.loads(Path(a.summary).read_text())["trials"]))
+        return 0
+
+    cfg = load_config(a.config, parse_set(a.set))
+    pc = cfg.perf
+    model = resolve_model(a.model or cfg.model).resolve()
+    facts = ModelFacts.of(ModelFile(model), cfg.run.slot_align)
+    fixed = {"n_predict": pc.n_predict, "ctx": pc.ctx, "batch": pc.batch, "threads": cfg.engine.threads,
+             "arena_fraction": pc.arena_fraction, "ram_budget_mb": pc.ram_budget_mb}
+    spec = EXPERIMENTS[pc.scenarios[0]].spec(pc.prompts[0], fixed, facts)
+    counts = parse_counts(a.counts)
+    plan = {("paced", k): n for k, n in counts.items()}
+    if a.abba:
+        plan[("abba", "unchanged")] = a.abba
+    for k in ("unchanged", "slow5", "slow10") if a.golden else ():
+        plan[("golden", k)] = a.golden
+    out_dir = Path(a.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{a.label}.json"
+    rec = {"date": time.strftime("%Y-%m-%d %H:%M"), "config": a.config, "overrides": a.set, "model": str(model),
+           "spec": spec.settings(), "settings": {k: getattr(pc, k) for k in (
+               "base_pairs", "base_more_pairs", "base_max_pairs", "base_steps", "base_warmup_steps", "base_alpha", "base_floor",
+               "min_effect", "p99_max_ratio", "alpha", "abba_pairs", "abba_max_pairs", "abba_n_predict",
+               "paired_test", "repeats", "max_repeats", "n_predict")},
+           "io_delay_ms": a.io_delay_ms, "cpus": os.cpu_count(), "golden_baseline": None, "trials": []}
+    if a.resume and path.exists():
+        rec = json.loads(path.read_text())
+    done: dict = {}
+    for t in rec["trials"]:
+        done[(t["kind"], t["condition"])] = done.get((t["kind"], t["condition"]), 0) + 1
+    todo = interleave({f"{k}|{c}": n for (k, c), n in plan.items()}, {f"{k}|{c}": n for (k, c), n in done.items()})
+    print(f"[calib] {model.name}, scenario {pc.scenarios[0]}; paced {pc.base_pairs}..{pc.base_max_pairs} pairs x "
+          f"{pc.base_steps} steps (+{pc.base_warmup_steps} warm-up), alpha {pc.base_alpha} one-sided; "
+          f"{len(todo)} decisions to go ({len(rec['trials'])} done); {os.cpu_count()} CPUs, load {os.getloadavg()}",
+          flush=True)
+    bundled = EngineCommand.from_setting(None)
+    with tempfile.TemporaryDirectory(prefix="epmci-calib-") as td:
+        tmp = Path(td)
+        engines = heads(tmp, sorted({c for _, c in plan}), a.io_delay_ms / 1e3)
+        if a.golden and rec["golden_baseline"] is None:
+            base_runs = [measure(bundled, model, spec, tmp / "gb", timeout=cfg.engine.timeout_s, env=FIXED_ENV)
+                         for _ in range(pc.repeats + 1)][1:]          # the first run warms up
+            rec["golden_baseline"] = [m.tok_s for m in base_runs]
+        for i, key in enumerate(todo):
+            kind, name = key.split("|")
+            load0, t0 = os.getloadavg()[0], time.time()
+            if kind == "paced":
+                t = paced_trial(cfg, model, spec, engines[name], bundled, tmp)
+            elif kind == "abba":
+                t = abba_trial(cfg, model, spec, bundled, tmp)
+            else:
+                t = golden_trial(cfg, model, spec, engines[name], rec["golden_baseline"], tmp)
+            t.update(condition=name, wall_s=round(time.time() - t0, 1), load_start=load0, load_end=os.getloadavg()[0],
+                     finished=time.strftime("%Y-%m-%d %H:%M:%S"))
+            rec["trials"].append(t)
+            extra = (f" CPU x{t['cpu_ratio']:.3f} p99 x{t['p99_ratio']:.2f}" if kind == "paced" else "")
+            print(f"[calib] {i + 1}/{len(todo)} {kind} {name:>9}: {t['verdict']:<9} x{t['ratio']:.3f} "
+                  f"[{t['ci'][0]:.3f}, {t['ci'][1]:.3f}] p={t['p_value']:.3g} pairs {t['pairs']}{extra} "
+                  f"({t['wall_s']:.0f} s, load {load0:.1f})", flush=True)
+            tmpf = path.with_suffix(".json.tmp")
+            tmpf.write_text(json.dumps(rec, indent=1))
+            tmpf.replace(path)
+    print()
+    print(summary(rec["trials"]))
+    return 0
 
 
 if __name__ == "__main__":
