@@ -123,7 +123,7 @@ def main() -> int:
              "arena_fraction": pc.arena_fraction, "ram_budget_mb": pc.ram_budget_mb}
     spec = EXPERIMENTS[pc.scenarios[0]].spec(pc.prompts[0], fixed, facts)
     pspec = paced_spec(spec, a.warmup, a.steps)
-    abba_spec = paced_spec(spec, 0, 63)            # 64 tokens: today's perf.base_n_predict
+    abba_spec = paced_spec(spec, 0, cfg.perf.abba_n_predict - 1)   # the ABBA fallback's runs
     engine = EngineCommand.from_setting(None)
     base, head = Side("base", engine), Side("head", engine)
     out_dir = Path(a.out)

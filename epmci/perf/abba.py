@@ -1,5 +1,7 @@
 """`--perf-base REF`: the engine of a git ref, measured against the working tree's engine on
 the same machine, interleaved, so slow drifts of a noisy shared runner hit both sides alike.
+This module has the worktree, the build and whole-run ABBA (perf.base_mode: abba, and the
+fallback of the paced comparison, epmci.perf.paced, when it cannot run).
 
 1. The ref is checked out into a temporary worktree (`git worktree add --detach`), always
    removed afterwards (`git worktree remove --force`, then `git worktree prune`).
@@ -14,7 +16,7 @@ the same machine, interleaved, so slow drifts of a noisy shared runner hit both 
    bootstrap CI, Wilcoxon signed-rank or sign test on the log-ratios): SAME / DIFFERENT /
    UNKNOWN; UNKNOWN buys two more pairs at a time up to a cap, and alpha is split over
    those looks (epmci.compare.stats.per_look_alpha) so re-testing cannot buy a false alarm. The runs decode
-   perf.base_n_predict tokens (longer than the golden scenario: steadier tok/s).
+   perf.abba_n_predict tokens (longer than the golden scenario: steadier tok/s).
 """
 
 from __future__ import annotations
