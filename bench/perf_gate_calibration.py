@@ -10,9 +10,10 @@ on the ci model, one gate decision per trial:
 - paced decisions (epmci.perf.paced.run_paced, probes included, as the gate runs them):
   - `unchanged`: base and head are the same bundled engine -- a DIFFERENT-and-slower verdict
     (or a p99 latency failure) is a false alarm;
-  - `slowX`: the head made X % slower in compute: after each decode step a busy wait of
-    X / (100 - X) times the step's own wall time (so its tok/s drops by exactly X %; a busy
-    wait, not a sleep, which overshoots on a loaded box);
+  - `slowX`: the head made X % slower in compute: after each decode step it spins on the CPU
+    for X / (100 - X) times the step's own CPU time, so X % more of its time is compute
+    (by CPU time, not wall time: a spin timed by the wall clock is preempted on a loaded
+    box, overshoots, and made "5 %" 13 % in the first trials; a sleep overshoots more);
   - `ioX`: the head's expert reads slowed: issuing an expert read (ExpertIO.submit, the read
     path of engine/paging/expert_io.py) first sleeps `--io-delay-ms` on the issuing thread --
     latency, not compute, so CPU time stays flat. (A sleep in the reader threads instead costs
@@ -65,17 +66,17 @@ from epmci.synth.store import resolve_model  # noqa: E402
 COMPUTE_WRAPPER = """
 import sys, time
 import engine.cli, engine.runtime as R
-SLOW = {factor!r}          # extra decode time, relative to the decode step itself
+SLOW = {factor!r}          # extra decode work, relative to the CPU time of the decode step itself
 _eval = R.Engine.eval
 def eval(self, tokens, phase="prefill"):
-    t0 = time.perf_counter()
+    c0 = time.process_time()
     out = _eval(self, tokens, phase)
     if phase == "decode":
-        extra = (time.perf_counter() - t0) * SLOW
-        end = time.perf_counter() + extra
-        while time.perf_counter() < end:   # busy: a compute regression, exact to microseconds
+        t1 = time.perf_counter()
+        end = time.process_time() + (time.process_time() - c0) * SLOW
+        while time.process_time() < end:   # busy on the CPU: more compute, as contended as the step's own
             pass
-        self._phase("decode").seconds += extra
+        self._phase("decode").seconds += time.perf_counter() - t1
     return out
 R.Engine.eval = eval
 sys.exit(engine.cli.main())

@@ -129,6 +129,12 @@ def after_step(self):
     self._send(event="step", step=7, wall_s=0.01, cpu_s=0.01)
 engine.cli.Pacer.after_step = after_step
 """
+NO_CPU_TIME = """
+def after_step(self):
+    self.steps += 1
+    self._send(event="step", step=self.steps, wall_s=0.001, cpu_s=0)
+engine.cli.Pacer.after_step = after_step
+"""
 TOO_LONG = """
 def after_step(self):
     self.steps += 1
@@ -155,9 +161,10 @@ if "--pace-fds" in sys.argv:
     (NEVER_ANSWERS, "no answer at decode step 3 within the run's timeout of 20 s (killed)"),
     (GARBAGE, "answered b'step 1 done in 12 ms' at decode step 1: not a JSON line"),
     (WRONG_STEP, "where the protocol wants a `step` line for step 1"),
+    (NO_CPU_TIME, "with wall_s and cpu_s > 0"),
     (TOO_LONG, "reported decode step 1 as 30.000000 s, but it was answered"),
     (EXITS_MIDWAY, "exited at decode step 4: engine crashed (exit 3): simulated crash after step 3"),
-], ids=["never-answers", "garbage", "wrong-step", "longer-than-round-trip", "exits-midway"])
+], ids=["never-answers", "garbage", "wrong-step", "zero-cpu-time", "longer-than-round-trip", "exits-midway"])
 def test_a_broken_paced_engine_fails_closed_and_is_killed(tiny_model, tmp_path, patch, reason):
     eng = PacedEngine(engine_copy(tmp_path, patch), tiny_model, SPEC, tmp_path / "out", timeout=20, label="t")
     with pytest.raises(PaceError) as e:

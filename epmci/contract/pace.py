@@ -49,9 +49,10 @@ class StepReport:
     rtt_s: float       # epmci's time from sending the byte to reading the report
 
 
-def _number(rec: dict, key: str) -> float | None:
+def _positive(rec: dict, key: str) -> float | None:
+    """rec[key] as a number > 0 (a decode step takes time; its log-ratio needs it), else None."""
     v = rec.get(key)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
         return None
     return float(v)
 
@@ -105,9 +106,9 @@ class PacedEngine:
         if rec.get("event") == "end":
             self._end(rec)
             return None
-        wall, cpu = _number(rec, "wall_s"), _number(rec, "cpu_s")
+        wall, cpu = _positive(rec, "wall_s"), _positive(rec, "cpu_s")
         if rec.get("event") != "step" or rec.get("step") != k or wall is None or cpu is None:
-            self._garbage(rec, f"a `step` line for step {k} with wall_s and cpu_s >= 0")
+            self._garbage(rec, f"a `step` line for step {k} with wall_s and cpu_s > 0")
         if wall > rtt * RTT_SLACK[0] + RTT_SLACK[1]:
             self._fail(f"reported decode step {k} as {wall:.6f} s, but it was answered {rtt:.6f} s after "
                        f"its byte was sent: not a time of that step")
