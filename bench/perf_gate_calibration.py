@@ -14,9 +14,11 @@ on the ci model, one gate decision per trial:
     for X / (100 - X) times the step's own CPU time, so X % more of its time is compute
     (by CPU time, not wall time: a spin timed by the wall clock is preempted on a loaded
     box, overshoots, and made "5 %" 13 % in the first trials; a sleep overshoots more);
-  - `ioX`: the head's expert reads slowed: issuing an expert read (ExpertIO.submit, the read
-    path of engine/paging/expert_io.py) first sleeps `--io-delay-ms` on the issuing thread --
-    latency, not compute, so CPU time stays flat. (A sleep in the reader threads instead costs
+  - `ioX`: the head's expert reads slowed: issuing every `--io-every`-th expert read
+    (ExpertIO.submit, the read path of engine/paging/expert_io.py) first sleeps
+    `--io-delay-ms` on the issuing thread -- waiting, not compute. On a loaded box any sleep
+    costs a trip through the run queue, so even a 10 us sleep on every read made the engine
+    12 % slower; every third read is about 5 %. (A sleep in the reader threads instead costs
     the Python engine CPU time too: each wake-up takes the GIL back from the compute.) X only
     names the condition; the realized slowdown is measured (the median ratio of its trials);
 - `--abba N`: N decisions of today's fallback (whole-run ABBA, unchanged engine) for the noise
@@ -83,13 +85,15 @@ sys.exit(engine.cli.main())
 """
 
 IO_WRAPPER = """
-import sys, time
+import itertools, sys, time
 import engine.cli
 from engine.paging import expert_io
-DELAY = {delay!r}          # seconds of extra latency per expert read
+DELAY, EVERY = {delay!r}, {every!r}   # seconds of extra latency on every EVERY-th expert read
 _submit = expert_io.ExpertIO.submit
+_reads = itertools.count(1)
 def submit(self, ranges, defer=False):
-    time.sleep(DELAY)      # on the thread that issues the read: the pager waits, the CPU does not work
+    if next(_reads) % EVERY == 0:
+        time.sleep(DELAY)  # on the thread that issues the read: the pager waits, the CPU does not work
     return _submit(self, ranges, defer)
 expert_io.ExpertIO.submit = submit
 sys.exit(engine.cli.main())
@@ -102,7 +106,7 @@ def wrapper(tmp: Path, name: str, text: str) -> EngineCommand:
     return EngineCommand((sys.executable, str(p)), False)
 
 
-def heads(tmp: Path, names: list[str], io_delay_s: float) -> dict[str, EngineCommand]:
+def heads(tmp: Path, names: list[str], io_delay_s: float, io_every: int) -> dict[str, EngineCommand]:
     out = {}
     for name in names:
         if name == "unchanged":
@@ -111,7 +115,7 @@ def heads(tmp: Path, names: list[str], io_delay_s: float) -> dict[str, EngineCom
             x = float(name[4:]) / 100
             out[name] = wrapper(tmp, name, COMPUTE_WRAPPER.format(factor=x / (1 - x)))
         elif name.startswith("io"):
-            out[name] = wrapper(tmp, name, IO_WRAPPER.format(delay=io_delay_s))
+            out[name] = wrapper(tmp, name, IO_WRAPPER.format(delay=io_delay_s, every=io_every))
         else:
             raise SystemExit(f"unknown condition {name!r} (unchanged, slowX, ioX)")
     return out
@@ -225,7 +229,8 @@ def main() -> int:
     ap.add_argument("--abba", type=int, default=0, help="ABBA decisions of the unchanged engine (the noise before)")
     ap.add_argument("--golden", type=int, default=0, help="golden-comparison decisions per condition unchanged, "
                                                            "slow5, slow10")
-    ap.add_argument("--io-delay-ms", type=float, default=1.0, help="extra latency per range read of the io heads")
+    ap.add_argument("--io-delay-ms", type=float, default=0.01, help="extra latency of an expert read of the io heads")
+    ap.add_argument("--io-every", type=int, default=3, help="the io heads delay every N-th expert read")
     ap.add_argument("--config", default=str(REPO / "epmci.yaml"))
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a setting")
     ap.add_argument("--model", help="default: the config's model (ci)")
@@ -259,7 +264,7 @@ def main() -> int:
                "base_pairs", "base_more_pairs", "base_max_pairs", "base_steps", "base_warmup_steps", "base_alpha", "base_floor",
                "min_effect", "p99_max_ratio", "alpha", "abba_pairs", "abba_max_pairs", "abba_n_predict",
                "paired_test", "repeats", "max_repeats", "n_predict")},
-           "io_delay_ms": a.io_delay_ms, "cpus": os.cpu_count(), "golden_baseline": None, "trials": []}
+           "io_delay_ms": a.io_delay_ms, "io_every": a.io_every, "cpus": os.cpu_count(), "golden_baseline": None, "trials": []}
     if a.resume and path.exists():
         rec = json.loads(path.read_text())
     done: dict = {}
@@ -273,7 +278,7 @@ def main() -> int:
     bundled = EngineCommand.from_setting(None)
     with tempfile.TemporaryDirectory(prefix="epmci-calib-") as td:
         tmp = Path(td)
-        engines = heads(tmp, sorted({c for _, c in plan}), a.io_delay_ms / 1e3)
+        engines = heads(tmp, sorted({c for _, c in plan}), a.io_delay_ms / 1e3, a.io_every)
         if a.golden and rec["golden_baseline"] is None:
             base_runs = [measure(bundled, model, spec, tmp / "gb", timeout=cfg.engine.timeout_s, env=FIXED_ENV)
                          for _ in range(pc.repeats + 1)][1:]          # the first run warms up
