@@ -57,6 +57,7 @@ from epmci.compare.stats import (DIFFERENT, SAME, UNKNOWN, compare_samples, late
                                  per_look_alpha)
 from epmci.config import load_config, parse_set  # noqa: E402
 from epmci.config.experiments import EXPERIMENTS  # noqa: E402
+from epmci.contract.capabilities import probe  # noqa: E402
 from epmci.contract.process import EngineCommand  # noqa: E402
 from epmci.gguf.facts import ModelFacts  # noqa: E402
 from epmci.gguf.file import ModelFile  # noqa: E402
@@ -98,6 +99,14 @@ def submit(self, ranges, defer=False):
 expert_io.ExpertIO.submit = submit
 sys.exit(engine.cli.main())
 """
+
+
+def declared(engine: EngineCommand, timeout: float) -> EngineCommand:
+    """`engine` with the features its --contract-info declares (pacing among them), as a check has it."""
+    caps, why = probe(engine, timeout)
+    if caps is None:
+        raise SystemExit(f"calibration: {why}")
+    return engine.with_features(caps.features)
 
 
 def wrapper(tmp: Path, name: str, text: str) -> EngineCommand:
@@ -278,7 +287,8 @@ def main() -> int:
     bundled = EngineCommand.from_setting(None)
     with tempfile.TemporaryDirectory(prefix="epmci-calib-") as td:
         tmp = Path(td)
-        engines = heads(tmp, sorted({c for _, c in plan}), a.io_delay_ms / 1e3, a.io_every)
+        engines = {name: declared(e, cfg.engine.timeout_s)
+                   for name, e in heads(tmp, sorted({c for _, c in plan}), a.io_delay_ms / 1e3, a.io_every).items()}
         if a.golden and rec["golden_baseline"] is None:
             base_runs = [measure(bundled, model, spec, tmp / "gb", timeout=cfg.engine.timeout_s, env=FIXED_ENV)
                          for _ in range(pc.repeats + 1)][1:]          # the first run warms up

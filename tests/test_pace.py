@@ -7,15 +7,14 @@
   bundled engine's pacer): one that never answers, answers garbage, reports a step longer
   than its round trip, or exits mid-run fails closed with the reason and is killed; one that
   rejects the flag with exit 2 is told apart (PaceUnsupported);
-- run_paced falls back (Unpaceable) when an engine does not take the flag or two engines do
-  not fit the memory, and a failed pair is a failure with the side and the reason.
+- run_paced falls back (Unpaceable) when the head does not declare pacing, an engine does not
+  take the flag or two engines do not fit the memory, and a failed pair is a failure with the side and the reason.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shlex
 import subprocess
 import sys
 import textwrap
@@ -23,25 +22,37 @@ import textwrap
 import numpy as np
 import pytest
 
+from epmci.contract.capabilities import probe
 from epmci.contract.pace import PacedEngine, PaceError, PaceUnsupported
 from epmci.contract.process import EngineCommand
 from epmci.contract.runspec import RunSpec
 from epmci.perf.abba import Side
 from epmci.perf.measure import measure
+from engine.contract_info import FEATURES
 from epmci.perf.paced import PairFailed, Unpaceable, fits_two, paced_spec, run_pair, run_paced
 
 pytestmark = pytest.mark.usefixtures("built_engine")
 
-BUNDLED = EngineCommand.from_setting(None)
 SPEC = RunSpec("The capital of France is", n_predict=7, batch=4, ctx=64)
 
 
+def declared(engine: EngineCommand) -> EngineCommand:
+    """`engine` with the features its --contract-info declares, as a check has it."""
+    caps, why = probe(engine, 60)
+    assert caps is not None, why
+    return engine.with_features(caps.features)
+
+
+BUNDLED = EngineCommand.from_setting(None).with_features(FEATURES)      # what its --contract-info says
+
+
 def engine_copy(tmp_path, patch: str, name: str = "paced_engine.py") -> EngineCommand:
-    """The bundled engine with `patch` applied to its modules, as an external engine."""
+    """The bundled engine with `patch` applied to its modules, as an external engine (its
+    --contract-info declares pacing, as the bundled engine's does)."""
     script = tmp_path / name
     script.write_text("import os, sys, time, json\nimport engine.cli\n" + textwrap.dedent(patch)
                       + "\nsys.exit(engine.cli.main())\n")
-    return EngineCommand((sys.executable, str(script)), False)
+    return declared(EngineCommand((sys.executable, str(script)), False))
 
 
 def drive(engine: EngineCommand, model, tmp_path, spec: RunSpec = SPEC, timeout: float = 120.0):
@@ -84,10 +95,13 @@ def test_bad_pace_fds_is_one_line_exit_2(tiny_model, value, problem):
     assert r.returncode == 2 and problem in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
-def test_pace_fds_with_selftest_is_refused(tiny_model, tmp_path):
-    r = subprocess.run([sys.executable, "-m", "engine", "-m", str(tiny_model), "--selftest", f"0:0:1:{tmp_path}/s",
+@pytest.mark.parametrize("other", [["--selftest", "0:0:1:{tmp}/s"], ["--tokens-in", "{tmp}/tokens.bin"]],
+                         ids=["selftest", "tokens-in"])
+def test_pace_fds_without_generated_steps_is_refused(tiny_model, tmp_path, other):
+    r = subprocess.run([sys.executable, "-m", "engine", "-m", str(tiny_model), *(a.format(tmp=tmp_path) for a in other),
                         "--pace-fds", "0,1"], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2 and "--selftest decodes none" in r.stderr
+    assert r.returncode == 2 and "--selftest and --tokens-in generate none" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
 
 
 def test_engine_stops_when_the_channel_closes(tiny_model):
@@ -208,9 +222,20 @@ def test_engine_without_pacing_falls_back(tiny_model, tmp_path):
         paced(engine_copy(tmp_path, REJECTS_FLAG), tiny_model, tmp_path)
 
 
+def test_a_head_that_does_not_declare_pacing_falls_back_without_a_run(tiny_model, tmp_path):
+    head = BUNDLED.with_features(BUNDLED.features - {"pacing"})
+    with pytest.raises(Unpaceable, match="the head engine does not declare the contract feature pacing"):
+        paced(head, tiny_model, tmp_path)
+    assert not any(tmp_path.iterdir())                       # not even a probe ran
+
+
 def test_an_engine_that_refuses_the_run_anyway_is_a_failure_not_a_fallback(tiny_model, tmp_path):
     """exit 2 before `ready` that the unpaced run repeats is the engine refusing the setting."""
-    refuses = engine_copy(tmp_path, 'print("epm-engine: error: arena too small", file=sys.stderr); sys.exit(2)')
+    refuses = engine_copy(tmp_path, """
+if "--contract-info" not in sys.argv:
+    print("epm-engine: error: arena too small", file=sys.stderr)
+    sys.exit(2)
+""")
     res = paced(refuses, tiny_model, tmp_path)
     assert res.failure is not None and res.failure.side == "head" and "arena too small" in res.failure.reason
 

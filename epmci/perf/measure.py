@@ -80,14 +80,14 @@ def measure(engine: EngineCommand, model: str | os.PathLike, spec: RunSpec, outd
     with CpuContention() as busy:
         # cwd: the caller's unless given, so a relative --engine-cmd path means what the user typed
         result = run(engine, model, spec, out, timeout=timeout, label=label, env=env, cwd=cwd)
-    return read_measurement(label, result, out, keep_rows=keep_rows, keep_files=keep_files,
+    return read_measurement(engine, label, result, out, keep_rows=keep_rows, keep_files=keep_files,
                             other_cpu_pct=busy.other_pct)
 
 
-def read_measurement(label: str, result: EngineRun, out: Path, *, keep_rows: int = 0, keep_files: bool = False,
-                     other_cpu_pct: float | None = None) -> Measurement:
-    """What a finished run wrote into `out`, as a Measurement (ok=False with the reason when
-    the run failed or its output is unusable)."""
+def read_measurement(engine: EngineCommand, label: str, result: EngineRun, out: Path, *, keep_rows: int = 0,
+                     keep_files: bool = False, other_cpu_pct: float | None = None) -> Measurement:
+    """What a finished run of `engine` wrote into `out`, as a Measurement (ok=False with the
+    reason when the run failed or its output is unusable)."""
     m = Measurement(label, False, run=result, other_cpu_pct=other_cpu_pct)
     if not result.ok:
         m.failure = result.failure()

@@ -134,7 +134,7 @@ def _engine(side: Side, model, spec: RunSpec, out: Path, timeout: float, label: 
 
 
 def _measured(side: Side, run: EngineRun, out: Path, label: str, busy: float | None) -> Measurement:
-    m = read_measurement(label, run, out, other_cpu_pct=busy)
+    m = read_measurement(side.engine, label, run, out, other_cpu_pct=busy)
     if not m.ok:
         raise PairFailed(side.label, label, m.failure or "failed", run)
     return m
@@ -263,8 +263,11 @@ def run_paced(head: Side, base: Side, model, spec: RunSpec, workdir: Path, *, pa
                       alpha=per_look_alpha(alpha, pairs, max_pairs, step_pairs))
     rng = np.random.default_rng(res.seed)
     t0 = time.perf_counter()
+    if not head.engine.has("pacing"):
+        raise Unpaceable("the head engine does not declare the contract feature pacing (--pace-fds)")
     try:
         if probe_first:
+            # the base's features are its tree's, undeclared here: its probe finds out
             for side in (base, head):
                 try:
                     res.probes[side.label] = probe(side, model, spec, workdir, timeout)
