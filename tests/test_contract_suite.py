@@ -31,8 +31,8 @@ def test_the_bundled_engine_speaks_the_contract(tmp_path, tiny_model):
     assert rc == 0, {n: r["message"] for n, r in res.items() if r["status"] != "pass"}
     assert len(res) == 21 and all(r["status"] == "pass" for r in res.values())
     assert [s["name"] for s in rep["suites"]] == ["contract"]
-    assert res["contract-info"]["properties"]["features"] == ["moe_dump", "pager", "profile", "selftest",
-                                                               "state_dump", "teacher_forcing"]
+    assert res["contract-info"]["properties"]["features"] == ["moe_dump", "pacing", "pager", "profile",
+                                                               "selftest", "state_dump", "teacher_forcing"]
     assert "byte for byte" in res["teacher forcing"]["message"]
     assert "exact" in res["tokenization"]["message"] and "exact" in res["chat template"]["message"]
 
@@ -58,9 +58,9 @@ def test_the_bundled_engine_speaks_the_contract(tmp_path, tiny_model):
     """, "end of generation", "generation must end after it"),
     ("""
         good = engine.cli.generated
-        def generated(engine_, a):
+        def generated(engine_, a, *rest):
             sys.stdout.write(a.prompt or "")          # echoes the prompt, as llama-cli does
-            return good(engine_, a)
+            return good(engine_, a, *rest)
         engine.cli.generated = generated
     """, "generated text", "stdout must be the generated tokens' text and a newline"),
     ("""
