@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .qwen35moe import Qwen35Trace
+from .traces import Qwen35Trace
 
 MOE_DUMP_MAGIC = b"EPMD"
 MOE_DUMP_VERSION = 1          # routed experts only

@@ -8,7 +8,6 @@ identical.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable, Protocol
 
 import numpy as np
@@ -17,6 +16,7 @@ from . import kernels as K
 from . import ops
 from .gguf_model import GGUFModel
 from .kernels import Activation
+from .traces import MoETrace
 
 
 class ExpertStore(Protocol):
@@ -30,16 +30,6 @@ class ExpertStore(Protocol):
     def end_batch(self, n_tokens: int) -> None: ...
     def counters(self) -> dict: ...
     def close(self) -> None: ...
-
-
-@dataclass
-class MoETrace:
-    """One layer's MoE for one micro-batch: input rows, routing and output rows."""
-    layer: int
-    h: np.ndarray
-    selected: np.ndarray   # (n, k) int32, selection order
-    weights: np.ndarray    # (n, k) float32, renormalized
-    out: np.ndarray
 
 
 def experts_ffn(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]], types: tuple[int, int, int],

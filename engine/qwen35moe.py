@@ -23,7 +23,7 @@ attention weights.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Callable
 
 import numpy as np
@@ -33,27 +33,11 @@ from . import kernels as K
 from . import ops
 from .gguf_model import GGUFModel, HParams
 from .kernels import Activation
-from .model import ExpertStore, Model, MoETrace, experts_ffn, kv_cache_bytes, kv_cache_shapes
+from .model import ExpertStore, Model, experts_ffn, kv_cache_bytes, kv_cache_shapes
 from .qwen35_ops import l2_norm_heads, rms_norm, rms_norm_heads, rope_cache, sigmoid, silu, softplus
+from .traces import Qwen35Trace, StateTrace
 
 F32 = np.float32
-
-
-@dataclass
-class Qwen35Trace(MoETrace):
-    """A layer's MoE for one micro-batch (MoETrace: the routed experts) and its gated
-    shared expert's output, kept apart."""
-    shared: np.ndarray | None = None
-
-
-@dataclass
-class StateTrace:
-    """A delta-net layer's state after the last row of a micro-batch (copies)."""
-    layer: int
-    pos0: int        # position of the micro-batch's first row
-    n_rows: int
-    conv: np.ndarray   # (conv_dim, Kc-1) float32
-    ssm: np.ndarray    # (V, ds, ds) float32, [j, m, i] = S_j[i][m]
 
 
 def attention_layers(hp: HParams) -> list[int]:
