@@ -14,11 +14,17 @@ from epmci.cli import main as epmci_main
 
 HEADER = "import sys, time\nimport numpy as np\nimport engine.cli\n"
 FOOTER = "\nsys.exit(engine.cli.main())\n"
+# a copy that no longer declares reference_exact: the gate compares it within a tolerance, as
+# an engine that is not bit-identical to the reference
+NOT_REFERENCE_EXACT = """
+import engine.contract_info as _CI
+_CI.FEATURES = tuple(f for f in _CI.FEATURES if f != "reference_exact")
+"""
 
 
-def broken_engine(tmp_path, patch: str, name: str = "broken_engine.py") -> str:
+def broken_engine(tmp_path, patch: str, name: str = "broken_engine.py", reference_exact: bool = True) -> str:
     script = tmp_path / name
-    script.write_text(HEADER + textwrap.dedent(patch) + FOOTER)
+    script.write_text(HEADER + ("" if reference_exact else NOT_REFERENCE_EXACT) + textwrap.dedent(patch) + FOOTER)
     return f"{shlex.quote(sys.executable)} {shlex.quote(str(script))}"
 
 

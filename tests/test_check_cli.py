@@ -86,12 +86,13 @@ def test_e2e_bundled_engine_is_byte_exact(tmp_path, tiny_model, built_engine):
     rs = [r for (s, _), r in by_name(rep).items() if s == "e2e"]
     assert [r["status"] for r in rs] == ["pass", "pass"]
     assert rs[0]["properties"]["prompt_tokens"] == 1          # a single-token prompt
-    assert all(r["properties"]["mode"] == "exact" for r in rs)  # the bundled engine: always exact
+    assert all(r["properties"]["mode"] == "exact" for r in rs)  # it declares reference_exact: always exact
     assert all(r["properties"]["identical"] and r["properties"]["text_equal"] for r in rs)
 
 
 def test_e2e_modes_for_an_external_engine(tmp_path, tiny_model, built_engine):
-    """Paged logits nudged by 1e-4: exact fails, kl within 1e-3 passes (argmax: unit-tested)."""
+    """Paged logits nudged by 1e-4: held to its reference_exact declaration it fails; without
+    the declaration, kl within 1e-3 passes (argmax: unit-tested)."""
     cmd = wrapper(tmp_path, """
         import engine.runtime as R
         good = R.Engine.eval
@@ -106,7 +107,8 @@ def test_e2e_modes_for_an_external_engine(tmp_path, tiny_model, built_engine):
     assert rc == 1
     (r,) = [r for (s, _), r in by_name(rep).items() if s == "e2e"]
     assert r["properties"]["mode"] == "exact" and "paged differs from --no-pager (exact)" in r["message"]
-    rc, rep = check(tmp_path, *base, "--set", "e2e.compare=kl", "--set", "e2e.max_kl=1e-3")
+    rc, rep = check(tmp_path, *base, "--set", "e2e.compare=kl", "--set", "e2e.max_kl=1e-3",
+                    "--set", "engine.features=[pager, moe_dump]")
     assert rc == 0, rep
     (r,) = [r for (s, _), r in by_name(rep).items() if s == "e2e"]
     assert r["properties"]["mode"] == "kl" and r["status"] == "pass"

@@ -32,7 +32,8 @@ def test_the_bundled_engine_speaks_the_contract(tmp_path, tiny_model):
     assert len(res) == 21 and all(r["status"] == "pass" for r in res.values())
     assert [s["name"] for s in rep["suites"]] == ["contract"]
     assert res["contract-info"]["properties"]["features"] == ["moe_dump", "pacing", "pager", "profile",
-                                                               "selftest", "state_dump", "teacher_forcing"]
+                                                               "reference_exact", "selftest", "state_dump",
+                                                               "teacher_forcing"]
     assert "byte for byte" in res["teacher forcing"]["message"]
     assert "exact" in res["tokenization"]["message"] and "exact" in res["chat template"]["message"]
 

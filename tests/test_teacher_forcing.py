@@ -17,6 +17,8 @@ from epmci.contract.inputs import tokens_file, write_tokens
 from epmci.contract.outputs import read_logits
 from epmci.gguf.file import ModelFile
 from epmci.reference.tokenizer import ReferenceTokenizer
+from epmci.compare.logits import LogitsRule
+from epmci.config.schema import ModelSuiteConfig
 from faults import broken_engine, results, run_check
 
 PROMPT = "Experts are read from the disk into a fixed arena."
@@ -78,12 +80,12 @@ def test_a_bad_tokens_file_is_one_line_exit_2(tiny_model, tmp_path, case, words)
 # ----------------------------------------------------------------- the model suite, teacher-forced
 
 pytestmark_built = pytest.mark.usefixtures("built_engine")
-KL = ("--suites", "model", "--set", "model_suite.compare=kl")
+KL = ("--suites", "model")      # an engine without reference_exact: compared within model_suite.max_kl
 
 
 @pytestmark_built
 def test_model_suite_feeds_an_external_engine_the_reference_tokens(tmp_path, tiny_model):
-    rc, rep = run_check(tmp_path, tiny_model, broken_engine(tmp_path, ""), *KL)
+    rc, rep = run_check(tmp_path, tiny_model, broken_engine(tmp_path, "", reference_exact=False), *KL)
     assert rc == 0, rep
     prompt, decode = results(rep, "model")
     assert prompt["properties"]["teacher_forced"] and "byte-identical" in decode["message"]
@@ -91,25 +93,28 @@ def test_model_suite_feeds_an_external_engine_the_reference_tokens(tmp_path, tin
 
 
 @pytestmark_built
-@pytest.mark.parametrize("fault, words", [
+@pytest.mark.parametrize("fault, max_kl, words", [
     # every --tokens-in token evaluated as the prefill: no decode step ran
     ("""
         import engine.runtime as R
         R.Engine.teacher_force = lambda self, tokens, n_prefill: self.eval(tokens, "prefill")
-    """, "evaluated {all} prefill + 0 decode positions"),
-    # decode steps rotated as if at position 0
+    """, ModelSuiteConfig().max_kl, "evaluated {all} prefill + 0 decode positions"),
+    # decode steps rotated as if at position 0. On tiny its KL (8.4e-4 at most) is at
+    # llama.cpp's own rounding noise there (8.3e-4): the default 0.01 cannot see it, a bound
+    # of 1e-4 can (docs/CORRECTNESS.md, Tolerance for engines that are not bit-exact)
     ("""
         import engine.ops as O
         good = O.rope_cache
         O.rope_cache = lambda positions, d, base: good(positions * 0 if len(positions) == 1 else positions, d, base)
-    """, "teacher-forced differ from the reference (kl): first at position {first_decode} (decode step 1)"),
+    """, 1e-4, "teacher-forced differ from the reference ({rule}): first at position {first_decode} (decode step 1)"),
 ])
-def test_a_forced_decode_fault_fails_decode_positions(tmp_path, tiny_model, fault, words):
-    rc, rep = run_check(tmp_path, tiny_model, broken_engine(tmp_path, fault), *KL)
+def test_a_forced_decode_fault_fails_decode_positions(tmp_path, tiny_model, fault, max_kl, words):
+    rc, rep = run_check(tmp_path, tiny_model, broken_engine(tmp_path, fault, reference_exact=False), *KL,
+                        "--set", f"model_suite.max_kl={max_kl}")
     st = {r["name"]: (r["status"], r["message"]) for r in results(rep, "model")}
     assert rc == 1 and st["prompt positions"][0] == "pass", st
     P = results(rep, "model")[0]["properties"]["prompt_tokens"]
-    words = words.format(all=P + 8, first_decode=P)
+    words = words.format(all=P + 8, first_decode=P, rule=LogitsRule("kl", max_kl).text())
     assert st["decode positions"][0] == "fail" and words in st["decode positions"][1], st
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..compare.logits import log_softmax64
+from ..compare.logits import LogitsDiff, LogitsRule, compare_logits
 from ..config.schema import CheckConfig
 from ..contract.inputs import write_tokens
 from ..contract.outputs import ContractError, read_logits, read_stats
@@ -48,11 +48,7 @@ class EngineComparison:
     n_prefill: int
     batch: int
     thresholds: Thresholds
-    top1_a: np.ndarray
-    top1_b: np.ndarray
-    kl: np.ndarray                        # KL(A || B) per position, nats
-    max_abs: np.ndarray                   # max |logit A - logit B| per position
-    margin_a: np.ndarray                  # A's top-1 minus its second logit
+    diff: LogitsDiff                      # per position: top-1 of each, KL(A || B), max |diff|, A's margin
     seconds: list[float] = field(default_factory=list)
 
     @property
@@ -60,40 +56,38 @@ class EngineComparison:
         return len(self.tokens)
 
     @property
-    def agree(self) -> np.ndarray:
-        return self.top1_a == self.top1_b
-
-    @property
     def top1_agreement(self) -> float:
-        return float(self.agree.mean())
+        return self.diff.argmax_agree / self.positions
 
     @property
     def first_disagreement(self) -> int | None:
-        bad = np.nonzero(~self.agree)[0]
-        return int(bad[0]) if len(bad) else None
+        return self.diff.first_bad(LogitsRule("argmax"))
 
     @property
     def passed(self) -> bool:
-        return bool(self.kl.max() <= self.thresholds.max_kl and self.top1_agreement >= self.thresholds.min_top1)
+        return (self.diff.passes(LogitsRule("kl", self.thresholds.max_kl))
+                and self.top1_agreement >= self.thresholds.min_top1)
 
     def phase(self, pos: int) -> str:
         return "prefill" if pos < self.n_prefill else "decode"
 
     def summary(self) -> dict:
-        return {"positions": self.positions, "top1_agree": int(self.agree.sum()),
-                "top1_agreement": round(self.top1_agreement, 6), "kl_mean": float(self.kl.mean()),
-                "kl_max": float(self.kl.max()), "kl_max_position": int(self.kl.argmax()),
-                "max_abs_diff": float(self.max_abs.max()), "first_disagreement": self.first_disagreement,
+        d = self.diff
+        return {"positions": self.positions, "top1_agree": d.argmax_agree,
+                "top1_agreement": round(self.top1_agreement, 6), "kl_mean": d.mean_kl,
+                "kl_max": d.max_kl, "kl_max_position": int(d.kl.argmax()),
+                "max_abs_diff": d.max_abs, "first_disagreement": self.first_disagreement,
                 "passed": self.passed}
 
     def to_dict(self) -> dict:
+        d = self.diff
         return {"format": "epmci-compare/1", "model": self.model, "engines": self.engines, "names": self.names,
                 "n_prefill": self.n_prefill, "batch": self.batch,
                 "thresholds": dataclasses.asdict(self.thresholds), "summary": self.summary(),
                 "positions": [{"position": i, "phase": self.phase(i), "token": int(self.tokens[i]),
-                               "top1_a": int(self.top1_a[i]), "top1_b": int(self.top1_b[i]),
-                               "agree": bool(self.agree[i]), "kl": float(self.kl[i]),
-                               "max_abs_diff": float(self.max_abs[i]), "margin_a": float(self.margin_a[i])}
+                               "top1_a": int(d.top1_a[i]), "top1_b": int(d.top1_b[i]),
+                               "agree": bool(d.agree[i]), "kl": float(d.kl[i]),
+                               "max_abs_diff": float(d.abs_diff[i]), "margin_a": float(d.margin_a[i])}
                               for i in range(self.positions)]}
 
 
@@ -152,10 +146,5 @@ def compare_engines(cfg: CheckConfig, cmds: list[str | None], *, prompt: str, po
                                     cfg.engine.timeout_s) for (e, _), side in zip(engines, "ab"))
     if a.shape != b.shape:
         raise InputError("epmci compare", f"the engines' vocabularies differ ({a.shape[1]} vs {b.shape[1]} logits)")
-    la, lb = log_softmax64(a), log_softmax64(b)
-    top2 = np.sort(a, axis=1)[:, -2:]
     return EngineComparison(str(model), [e.describe() for e, _ in engines], [n for _, n in engines], tokens,
-                            positions, batch, thresholds, a.argmax(1), b.argmax(1),
-                            (np.exp(la) * (la - lb)).sum(axis=1),
-                            np.abs(a.astype(np.float64) - b.astype(np.float64)).max(axis=1),
-                            (top2[:, 1] - top2[:, 0]).astype(np.float64), [sa, sb])
+                            positions, batch, thresholds, compare_logits(a, b), [sa, sb])

@@ -12,6 +12,7 @@ from typing import Callable, TypeVar
 
 import numpy as np
 
+from ..compare.logits import EXACT, LogitsRule
 from ..config.schema import CheckConfig
 from ..contract import runspec
 from ..contract.capabilities import Capabilities
@@ -61,6 +62,16 @@ class CheckContext:
     def threads_alt(self) -> int:
         t = self.cfg.determinism.threads_alt
         return t if t else (1 if self.threads > 1 else 2)
+
+    def logits_rule(self, against: str) -> LogitsRule:
+        """How the engine's logits must agree with `against`: "reference" (epmci's NumPy
+        reference; model_suite.compare) or "itself" (paged vs --no-pager, a switch run vs the
+        resident run; e2e.compare). An engine that declares reference_exact (bit-identical to
+        the reference, as the bundled engine is) is held to it: exact, whatever the settings."""
+        if self.engine.has("reference_exact"):
+            return EXACT
+        section = {"reference": self.cfg.model_suite, "itself": self.cfg.e2e}[against]
+        return LogitsRule(section.compare, section.max_kl)
 
     def arena_mb(self, batch: int | None = None) -> float:
         """The arena of the ordinary paged runs: run.arena_mb, or auto."""

@@ -102,8 +102,8 @@ class DeterminismConfig:
 @dataclass
 class E2EConfig:
     n_predict: int = 8
-    compare: str = "exact"           # exact | argmax | kl; the bundled engine is always exact
-    max_kl: float = 1e-4
+    compare: str = "kl"              # exact | argmax | kl: paged vs --no-pager (an engine declaring reference_exact: exact)
+    max_kl: float = 1e-4             # with kl, max KL(no-pager || paged) per position, nats
 
 
 @dataclass
@@ -111,8 +111,10 @@ class ModelSuiteConfig:
     context_fraction: float = 0.5    # prompt positions: at least this share of the model's context length
     n_predict: int = 8               # decode steps after the prompt (the reference teacher-forces them)
     batch: int = 32                  # -b of the run: the prompt crosses many micro-batches
-    compare: str = "exact"           # exact | argmax | kl -- for an external engine; the bundled engine is always exact
-    max_kl: float = 1e-4             # with compare: kl, max KL(reference || engine) per position, nats
+    compare: str = "kl"              # exact | argmax | kl: the engine vs the reference (reference_exact: exact)
+    # with kl, max KL(reference || engine) per position, nats: 4x llama.cpp's worst on the
+    # shipped models (2.5e-3, ci; docs/CORRECTNESS.md "Tolerance for engines that are not bit-exact")
+    max_kl: float = 1e-2
 
 
 @dataclass

@@ -28,6 +28,7 @@ FEATURES = {
     "profile": "--profile-out PATH and SDQ_PROFILE_IN hot pins (needs the pager)",
     "pacing": "--pace-fds R,W",
     "teacher_forcing": "--tokens-in FILE",
+    "reference_exact": "logits bit-identical to epmci's reference (ggml's generic C order): compared exactly",
 }
 
 

@@ -18,8 +18,9 @@ from the page sees which sentence it got wrong:
   the minimum) and --no-pager's zero paging counters, a selftest out of range, the MoE
   dump's rows and the routing profile's counts (against the dump).
 
-Compared with the reference exactly for the bundled engine, else with model_suite.compare
-(max_kl). contract.items picks items ([] = all).
+Logits are compared with the reference by CheckContext.logits_rule("reference"): exactly
+for an engine that declares reference_exact, else within model_suite.max_kl. contract.items
+picks items ([] = all).
 """
 
 from __future__ import annotations
@@ -33,13 +34,13 @@ from typing import Callable
 
 import numpy as np
 
-from ...compare.logits import compare_logits, logits_verdict
+from ...compare.logits import compare_logits
 from ...contract.capabilities import FEATURES, INFO_FLAG, parse_contract_info
 from ...contract.inputs import write_tokens
 from ...contract.outputs import (STATS_FIELDS, ContractError, read_logits, read_moe_dump, read_profile, read_stats,
                                  stats_fields)
 from ...contract.process import EngineRun, run_engine
-from ...contract.runspec import LOGITS_FILE, STATS_FILE, RunSpec
+from ...contract.runspec import LOGITS_FILE, STATS_FILE, RunSpec, selftest_args
 from ...errors import InputError
 from ...gguf.patch import with_int_value
 from ...reference.tokenizer import ReferenceTokenizer
@@ -139,10 +140,6 @@ class ContractSuite:
     # -------------------------------------------------------------- shared runs and facts
 
     @staticmethod
-    def mode(ctx: CheckContext) -> str:
-        return "exact" if ctx.engine.bundled else ctx.cfg.model_suite.compare
-
-    @staticmethod
     def tokenizer(ctx: CheckContext) -> ReferenceTokenizer:
         return ctx.shared("contract-tokenizer", lambda: ReferenceTokenizer.of(ctx.mf))
 
@@ -196,12 +193,11 @@ class ContractSuite:
                           meaning: str = "") -> None:
         ref = self.reference_rows(ctx, tokens)
         n = min(len(tokens), len(rows))
-        diff = compare_logits(ref[:n], rows[:n])
-        ms = ctx.cfg.model_suite
+        diff, rule = compare_logits(ref[:n], rows[:n]), ctx.logits_rule("reference")
         p.props.update({f"{what}_{k}": v for k, v in diff.props().items() if k in ("max_abs_err", "max_kl", "identical")})
-        p.need(logits_verdict(diff, self.mode(ctx), ms.max_kl),
+        p.need(diff.passes(rule),
                f"{meaning}the logits of the {what} positions differ from the reference's on the contract's tokens "
-               f"({self.mode(ctx)}): {diff.text()}")
+               f"({rule.text()}): {diff.text()}")
 
     def used(self, p: Probe, r: Run) -> bool:
         p.runs.append(r.run)
@@ -259,8 +255,8 @@ class ContractSuite:
     def selftest_range(self, ctx: CheckContext, name: str) -> CheckResult:
         L = ctx.facts.n_layer
         out = ctx.dir("contract-selftest") / "selftest.bin"
-        args = ["-m", str(ctx.model_path), "-t", "1", "-b", str(ctx.cfg.run.batch), "--arena-mb",
-                f"{ctx.arena_mb():.6f}", "--selftest", f"{L}:0:1:{out}"]
+        args = selftest_args(ctx.model_path, L, 0, 1, out, threads=1, ctx=ctx.cfg.engine.ctx, batch=ctx.cfg.run.batch,
+                             arena_mb=ctx.arena_mb())
         return self.refusal(ctx, name, args, [], why=f"--selftest {L}:0:1 (layer {L} of a {L}-layer model)")
 
     # -------------------------------------------------------------- the declaration
@@ -301,8 +297,9 @@ class ContractSuite:
             if p.need(evaluated == len(ids), f"contract.text tokenizes to {len(ids)} tokens (special tokens parsed, "
                                              f"no BOS), the engine evaluated {evaluated} prompt positions"):
                 self.same_as_reference(ctx, p, g.rows, ids, "prompt")
+        rule = ctx.logits_rule("reference").text()
         return p.result(f"{len(ids)} tokens (special tokens parsed, no BOS), every prompt position = the reference "
-                        f"({self.mode(ctx)})")
+                        f"({rule})")
 
     def logits_rows(self, ctx: CheckContext, name: str) -> CheckResult:
         p, g, P = Probe(ctx, name), self.generation(ctx), len(self.prompt_ids(ctx))
@@ -394,7 +391,8 @@ class ContractSuite:
                     f"{CHAT_TEMPLATE.format(prompt=CHAT_PROMPT)!r}: ")
             if p.need(evaluated == len(ids), f"{want}{len(ids)} tokens, the engine evaluated {evaluated}"):
                 self.same_as_reference(ctx, p, r.rows, ids, "template", want)
-        return p.result(f"the template's {len(ids)} tokens, every position = the reference ({self.mode(ctx)})")
+        rule = ctx.logits_rule("reference").text()
+        return p.result(f"the template's {len(ids)} tokens, every position = the reference ({rule})")
 
     def no_decode(self, ctx: CheckContext, name: str, n: int) -> CheckResult:
         p, P = Probe(ctx, name), len(self.prompt_ids(ctx))

@@ -1,8 +1,8 @@
 """Layer 5, end-to-end A/B: each prompt (single-token ones included) generated with the pager
 and with --no-pager (experts read in place from the mapped file); the logits of every
-position and the generated text are compared. The bundled engine must be byte-exact (the
-two paths differ only in where expert bytes come from); an external engine is compared with
-e2e.compare: exact | argmax | kl (max KL divergence e2e.max_kl).
+position and the generated text are compared by CheckContext.logits_rule("itself"): byte-exact
+for an engine that declares reference_exact, as the bundled one does (the two paths differ
+only in where expert bytes come from), else e2e.compare (KL at most e2e.max_kl by default).
 
 Catches wiring faults the other layers cannot see: a layer skipped or computed twice, a
 wrong KV position across micro-batches, state leaking between tokens.
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 
-from ...compare.logits import compare_logits, logits_verdict
+from ...compare.logits import compare_logits
 from ...contract.outputs import ContractError, read_logits
 from ...contract.runspec import LOGITS_FILE, STATS_FILE
 from ..context import CheckContext
@@ -34,9 +34,6 @@ class E2ESuite:
     title = "e2e A/B: paged vs --no-pager, logits of every position"
     description = __doc__
     requires = ("pager",)       # the A/B's two sides: paged, and --no-pager
-
-    def mode(self, ctx: CheckContext) -> str:
-        return "exact" if ctx.engine.bundled else ctx.cfg.e2e.compare
 
     def plan(self, ctx: CheckContext) -> list[Task | CheckResult]:
         if ctx.cfg.fast:
@@ -61,12 +58,12 @@ class E2ESuite:
         if not paged.ok:
             return run_failed(NAME, [name], paged, "paged run: ")[0]
         t0 = time.perf_counter()
-        mode, max_kl = self.mode(ctx), ctx.cfg.e2e.max_kl
+        rule = ctx.logits_rule("itself")
         secs = resident.seconds + paged.seconds
         details = f"--no-pager: {resident.command_line()}\npaged: {paged.command_line()}"
-        props = {"mode": mode, "prompt": prompt}
-        if mode == "kl":
-            props["max_kl_allowed"] = max_kl
+        props = {"mode": rule.mode, "prompt": prompt}
+        if rule.mode == "kl":
+            props["max_kl_allowed"] = rule.max_kl
 
         def result(status, msg):
             return CheckResult(NAME, name, status, msg, props, secs + time.perf_counter() - t0,
@@ -84,15 +81,15 @@ class E2ESuite:
         props.update(diff.props())
         same_text = resident.stdout == paged.stdout
         props["text_equal"] = same_text
-        ok = logits_verdict(diff, mode, max_kl)
+        ok = diff.passes(rule)
         if diff.rows_a == 0:
             return result(FAIL, "empty comparison: no logits rows")
-        if mode == "exact" and not same_text:
+        if rule.mode == "exact" and not same_text:
             ok = False
         what = f"{props['prompt_tokens']}-token prompt, {diff.text()}, text {'equal' if same_text else 'differs'}"
         if ok:
-            return result(PASS, f"{mode}: {what}")
-        return result(FAIL, f"paged differs from --no-pager ({mode}): {what}")
+            return result(PASS, f"{rule.text()}: {what}")
+        return result(FAIL, f"paged differs from --no-pager ({rule.text()}): {what}")
 
 
 SUITE = E2ESuite()

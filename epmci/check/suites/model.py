@@ -23,12 +23,14 @@ after the same position (epmci/check/state_check.py): a state not carried across
 micro-batches, a conv window off by a token, a state reset between prefill and decode, each
 named by the first micro-batch and layer where it shows.
 
-Teacher-forced decode: an external engine compared within a tolerance (model_suite.compare
-argmax or kl) that declares teacher_forcing runs the text prompt without decoding, and its
-decode steps are then fed the reference's tokens (--tokens-in: the prompt's tokens, then
-model_suite.n_predict tokens of prompts.model, each evaluated alone as a decode step), so
-every position is compared whatever the engine would have generated. The bundled engine,
-compared exactly, keeps the text-prompt path with its own greedy decode.
+Compared by CheckContext.logits_rule("reference"): exactly for an engine that declares
+reference_exact (the bundled engine), else within a tolerance (model_suite.max_kl).
+Teacher-forced decode: an engine compared within a tolerance that declares teacher_forcing
+runs the text prompt without decoding, and its decode steps are then fed the reference's
+tokens (--tokens-in: the prompt's tokens, then model_suite.n_predict tokens of
+prompts.model, each evaluated alone as a decode step), so every position is compared
+whatever the engine would have generated. An engine compared exactly keeps the text-prompt
+path with its own greedy decode.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ import time
 import numpy as np
 
 from ...compare.arrays import Tolerance
-from ...compare.logits import compare_logits, logits_verdict
+from ...compare.logits import LogitsRule, compare_logits
 from ...contract.inputs import write_tokens
 from ...contract.outputs import ContractError, read_logits, read_moe_dump
 from ...contract.runspec import LOGITS_FILE, STATS_FILE
@@ -71,9 +73,6 @@ class ModelSuite:
     description = __doc__
     requires: tuple[str, ...] = ()
 
-    def mode(self, ctx: CheckContext) -> str:
-        return "exact" if ctx.engine.bundled else ctx.cfg.model_suite.compare
-
     @staticmethod
     def states(ctx: CheckContext) -> bool:
         """The run dumps delta-net states and a third result compares them."""
@@ -82,9 +81,12 @@ class ModelSuite:
     def names(self, ctx: CheckContext) -> list[str]:
         return list(RESULTS) + ([STATE_RESULT] if self.states(ctx) else [])
 
-    def teacher_forced(self, ctx: CheckContext) -> bool:
-        """Its decode steps are fed the reference's tokens (--tokens-in), not its own."""
-        return self.mode(ctx) != "exact" and ctx.engine.has("teacher_forcing")
+    @staticmethod
+    def teacher_forced(ctx: CheckContext) -> bool:
+        """Its decode steps are fed the reference's tokens (--tokens-in), not its own. Under an
+        exact rule the engine's own greedy tokens are as good (every position is compared
+        bit for bit up to the first difference, which is named) and cost no second run."""
+        return ctx.logits_rule("reference").mode != "exact" and ctx.engine.has("teacher_forcing")
 
     def plan(self, ctx: CheckContext) -> list[Task | CheckResult]:
         ms = ctx.cfg.model_suite
@@ -97,49 +99,28 @@ class ModelSuite:
         return [task]
 
     def check(self, ctx: CheckContext, prompt: str, prompt_ids: list[int]) -> list[CheckResult]:
-        ms = ctx.cfg.model_suite
-        out = ctx.dir("model")
+        ms, out = ctx.cfg.model_suite, ctx.dir("model")
+        forced, states = self.teacher_forced(ctx), self.states(ctx)
         # room beyond prompt + decode: an engine that evaluates more positions than it was
         # given must still run, so the check can say so
-        forced = self.teacher_forced(ctx)
         spec = dataclasses.replace(ctx.spec(prompt, n_predict=1 if forced else ms.n_predict, batch=ms.batch),
                                    ctx=len(prompt_ids) + ms.n_predict + CTX_SLACK)
-        names, states = self.names(ctx), self.states(ctx)
         env = {"SDQ_MOE_DUMP": str(out / "moe")} if ctx.engine.has("moe_dump") else {}
         if states:
             env["SDQ_STATE_DUMP"] = str(out / STATE_FILE)
         run = ctx.run("model", spec, out, env=env)
         if not run.ok:
-            return run_failed(NAME, names, run)
-        t0 = time.perf_counter()
-        details = f"command: {run.command_line()}"
-        mode, P = self.mode(ctx), len(prompt_ids)
-
-        def results(statuses: list[str], msgs: list[str], props: dict) -> list[CheckResult]:
-            secs = run.seconds + time.perf_counter() - t0
-            return [CheckResult(NAME, n, st, m, dict(props), secs if i == 0 else 0.0, run.stderr_tail(), details)
-                    for i, (n, st, m) in enumerate(zip(names, statuses, msgs))]
-
-        def all_fail(msg: str) -> list[CheckResult]:
-            return results([FAIL] * len(names), [msg] * len(names), props)
-
-        props: dict = {"mode": mode, "prompt_tokens": P, "batch": ms.batch, "teacher_forced": forced}
-        if run.slot_errors:
-            return all_fail(f"engine reported a slot error: {run.slot_errors[0]}")
-        try:
-            rows = read_logits(out / LOGITS_FILE)
-            prefill = [r for r in ctx.stats(out / STATS_FILE) if r["phase"] == "prefill"]
-        except ContractError as e:
-            return all_fail(f"output unusable: {e}")
-        evaluated = int(prefill[0].get("tokens", -1)) if prefill else -1
-        props.update(engine_prompt_positions=evaluated, rows=int(rows.shape[0]))
-        if evaluated != P:
-            return all_fail(f"the engine evaluated {evaluated} prompt positions, the reference tokenizes the "
-                             f"prompt (--no-chat) to {P} tokens: the engine does not evaluate the prompt it was "
-                             f"given (a BOS token added, a chat template, another tokenization?)")
-        if rows.shape[0] < P:
-            return all_fail(f"{rows.shape[0]} logits rows for a {P}-token prompt")
-        # the tokens fed back in decode: the greedy choice (first maximum) of each row from P-1 on
+            return run_failed(NAME, self.names(ctx), run)
+        rule, P = ctx.logits_rule("reference"), len(prompt_ids)
+        res = _Results(self.names(ctx), run, {"mode": rule.mode, "prompt_tokens": P, "batch": ms.batch,
+                                               "teacher_forced": forced})
+        if rule.mode == "kl":
+            res.props["max_kl_allowed"] = rule.max_kl
+        rows, problem = self._engine_rows(ctx, run, out, P, res.props)
+        if problem:
+            return res.all_fail(problem)
+        # the tokens of the decode positions: the reference's when teacher-forced, else the
+        # engine's greedy choice (first maximum) of each row from P-1 on
         fed = [int(t) for t in np.argmax(rows[P - 1:-1], axis=1)] if rows.shape[0] > P else []
         given = self.given_tokens(ctx) if forced else []
         tokens = np.array(prompt_ids + (given if forced else fed), dtype=np.int32)
@@ -152,43 +133,59 @@ class ModelSuite:
         positions = [r.position for r in next(iter(dumped.values()))] if dumped else []
         ref = whole_model(ctx.mf, ctx.model_sha256(), tokens, [p for p in positions if p < len(tokens)])
         if ref.logits.shape[1] != rows.shape[1]:
-            return all_fail(f"logits rows have {rows.shape[1]} values, the model's vocabulary is "
-                             f"{ref.logits.shape[1]}")
-        props["decode_steps"] = len(fed)
-        verdicts, msgs = [], []
-        for lo, hi, what in ((0, P, "prompt"), (P, rows.shape[0], "decode")):
-            if what == "decode" and forced:
-                verdict, msg = self.forced_decode(ctx, prompt_ids, given, ref.logits, props)
-                verdicts.append(verdict)
-                msgs.append(msg)
-                continue
-            a, b = ref.logits[lo:hi], rows[lo:hi]
-            if hi <= lo:
-                verdicts.append(FAIL)
-                msgs.append(f"no {what} positions to compare (the engine decoded {len(fed) + 1} tokens, "
-                            f"asked for {ms.n_predict})")
-                continue
-            diff = compare_logits(a, b)
-            props.update({f"{what}_{k}": v for k, v in diff.props().items()})
-            span = f"positions {lo}..{hi - 1}" if what == "prompt" else f"decode steps at positions {lo}..{hi - 1}"
-            if logits_verdict(diff, mode, ms.max_kl):
-                verdicts.append(PASS)
-                msgs.append(f"{mode}: {span}: {diff.text()}")
-                continue
-            first = lo + self._first_bad(a, b, mode, ms.max_kl)
-            props[f"{what}_first_differing_position"] = first
-            where = self._first_layer(ctx, out, ref.moe_in, first)
-            verdicts.append(FAIL)
-            msgs.append(f"{span} differ from the reference ({mode}): first at position {first}"
-                        f"{'' if what == 'prompt' else f' (decode step {first - P + 1})'}; {where}; {diff.text()}")
+            return res.all_fail(f"logits rows have {rows.shape[1]} values, the model's vocabulary is "
+                                f"{ref.logits.shape[1]}")
+        res.props["decode_steps"] = len(fed)
+        res.add(*self.span(ctx, out, ref, rows, 0, P, "prompt", rule, res.props))
+        if forced:
+            res.add(*self.forced_decode(ctx, prompt_ids, given, ref.logits, rule, res.props))
+        elif rows.shape[0] <= P:
+            res.add(FAIL, f"no decode positions to compare (the engine decoded {len(fed) + 1} tokens, "
+                          f"asked for {ms.n_predict})")
+        else:
+            res.add(*self.span(ctx, out, ref, rows, P, rows.shape[0], "decode", rule, res.props))
         if states:
-            tol = Tolerance() if mode == "exact" else ctx.cfg.layer.tolerance
+            tol = Tolerance() if rule.mode == "exact" else ctx.cfg.layer.tolerance
             v = (compare_states(dumped, ref.state, rows.shape[0], P, tol) if dumped
                  else StateVerdict(False, state_error, {}))
-            props.update(v.props)
-            verdicts.append(PASS if v.ok else FAIL)
-            msgs.append(f"{mode}: {v.message}" if v.ok else v.message)
-        return results(verdicts, msgs, props)
+            res.props.update(v.props)
+            res.add(PASS if v.ok else FAIL, f"{rule.text()}: {v.message}" if v.ok else v.message)
+        return res.results()
+
+    def _engine_rows(self, ctx: CheckContext, run, out, P: int, props: dict) -> tuple[np.ndarray, str | None]:
+        """The run's logits rows, or why they cannot be compared."""
+        if run.slot_errors:
+            return np.zeros(0), f"engine reported a slot error: {run.slot_errors[0]}"
+        try:
+            rows = read_logits(out / LOGITS_FILE)
+            prefill = [r for r in ctx.stats(out / STATS_FILE) if r["phase"] == "prefill"]
+        except ContractError as e:
+            return np.zeros(0), f"output unusable: {e}"
+        evaluated = int(prefill[0].get("tokens", -1)) if prefill else -1
+        props.update(engine_prompt_positions=evaluated, rows=int(rows.shape[0]))
+        if evaluated != P:
+            return rows, (f"the engine evaluated {evaluated} prompt positions, the reference tokenizes the "
+                          f"prompt (--no-chat) to {P} tokens: the engine does not evaluate the prompt it was "
+                          f"given (a BOS token added, a chat template, another tokenization?)")
+        if rows.shape[0] < P:
+            return rows, f"{rows.shape[0]} logits rows for a {P}-token prompt"
+        return rows, None
+
+    def span(self, ctx: CheckContext, out, ref, rows: np.ndarray, lo: int, hi: int, what: str, rule: LogitsRule,
+             props: dict) -> tuple[str, str]:
+        """Positions lo..hi-1 of the engine's own run against the reference."""
+        P = hi if what == "prompt" else lo
+        diff = compare_logits(ref.logits[lo:hi], rows[lo:hi])
+        props.update({f"{what}_{k}": v for k, v in diff.props().items()})
+        span = f"positions {lo}..{hi - 1}" if what == "prompt" else f"decode steps at positions {lo}..{hi - 1}"
+        if diff.passes(rule):
+            return PASS, f"{rule.text()}: {span}: {diff.text()}"
+        first = lo + (diff.first_bad(rule) or 0)
+        props[f"{what}_first_differing_position"] = first
+        where = self._first_layer(ctx, out, ref.moe_in, first)
+        step = "" if what == "prompt" else f" (decode step {first - P + 1})"
+        return FAIL, (f"{span} differ from the reference ({rule.text()}): first at position {first}{step}; "
+                      f"{where}; {diff.text()}")
 
     @staticmethod
     def given_tokens(ctx: CheckContext) -> list[int]:
@@ -197,7 +194,7 @@ class ModelSuite:
         return [ids[i % len(ids)] for i in range(ctx.cfg.model_suite.n_predict)]
 
     def forced_decode(self, ctx: CheckContext, prompt_ids: list[int], given: list[int], ref_logits: np.ndarray,
-                      props: dict) -> tuple[str, str]:
+                      rule: LogitsRule, props: dict) -> tuple[str, str]:
         """The decode positions, teacher-forced: the prompt, then the given tokens with
         --tokens-in, every position against the reference's logits of that sequence."""
         ms = ctx.cfg.model_suite
@@ -214,28 +211,22 @@ class ModelSuite:
             evaluated = {r["phase"]: int(r["tokens"]) for r in ctx.stats(out / STATS_FILE)}
         except ContractError as e:
             return FAIL, f"the teacher-forced run's output is unusable: {e}"
-        mode, span = self.mode(ctx), f"decode steps at positions {P}..{len(tokens) - 1}, teacher-forced"
+        span = f"decode steps at positions {P}..{len(tokens) - 1}, teacher-forced"
         if rows.shape[0] != len(tokens) or evaluated.get("prefill") != P or evaluated.get("decode") != ms.n_predict:
             return FAIL, (f"--tokens-in of {P} prefill + {ms.n_predict} decode tokens: the engine wrote "
                           f"{rows.shape[0]} logits rows and evaluated {evaluated.get('prefill', 0)} prefill + "
                           f"{evaluated.get('decode', 0)} decode positions (docs/engine-contract.md, Teacher forcing)")
         whole, decode = compare_logits(ref_logits[:P], rows[:P]), compare_logits(ref_logits[P:], rows[P:])
         props.update({f"decode_{k}": v for k, v in decode.props().items()}, decode_steps=ms.n_predict)
-        if not logits_verdict(whole, mode, ms.max_kl):
-            return FAIL, f"teacher-forced: the prompt positions of the --tokens-in run differ from the reference ({mode}): {whole.text()}"
-        if logits_verdict(decode, mode, ms.max_kl):
-            return PASS, f"{mode}: {span}: {decode.text()}"
-        first = P + self._first_bad(ref_logits[P:], rows[P:], mode, ms.max_kl)
+        if not whole.passes(rule):
+            return FAIL, (f"teacher-forced: the prompt positions of the --tokens-in run differ from the reference "
+                          f"({rule.text()}): {whole.text()}")
+        if decode.passes(rule):
+            return PASS, f"{rule.text()}: {span}: {decode.text()}"
+        first = P + (decode.first_bad(rule) or 0)
         props["decode_first_differing_position"] = first
-        return FAIL, (f"{span} differ from the reference ({mode}): first at position {first} (decode step "
+        return FAIL, (f"{span} differ from the reference ({rule.text()}): first at position {first} (decode step "
                       f"{first - P + 1}); {decode.text()}")
-
-    @staticmethod
-    def _first_bad(a: np.ndarray, b: np.ndarray, mode: str, max_kl: float) -> int:
-        for i in range(len(a)):
-            if not logits_verdict(compare_logits(a[i:i + 1], b[i:i + 1]), mode, max_kl):
-                return i
-        return 0
 
     def _first_layer(self, ctx: CheckContext, out, moe_in: np.ndarray, pos: int) -> str:
         """The first layer whose MoE input (from the engine's dump) differs at `pos`."""
@@ -254,6 +245,28 @@ class ModelSuite:
         except ContractError as e:
             return f"no MoE dump to locate the layer ({e})"
         return "every layer's MoE input equals the reference there: the last layer's MoE or the output head"
+
+
+class _Results:
+    """The suite's results in the order of its names, filled one verdict at a time."""
+
+    def __init__(self, names: list[str], run, props: dict):
+        self.names, self.run, self.props = names, run, props
+        self.t0 = time.perf_counter()
+        self.verdicts: list[tuple[str, str]] = []
+
+    def add(self, status: str, message: str) -> None:
+        self.verdicts.append((status, message))
+
+    def all_fail(self, message: str) -> list[CheckResult]:
+        self.verdicts = [(FAIL, message)] * len(self.names)
+        return self.results()
+
+    def results(self) -> list[CheckResult]:
+        secs = self.run.seconds + time.perf_counter() - self.t0
+        details = f"command: {self.run.command_line()}"
+        return [CheckResult(NAME, n, st, m, dict(self.props), secs if i == 0 else 0.0, self.run.stderr_tail(), details)
+                for i, (n, (st, m)) in enumerate(zip(self.names, self.verdicts, strict=True))]
 
 
 SUITE = ModelSuite()

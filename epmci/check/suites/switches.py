@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 
 from ...compare.counters import counter_changes
-from ...compare.logits import compare_logits, logits_verdict
+from ...compare.logits import compare_logits
 from ...contract.cache_model import CacheModel, Lookup
 from ...contract.outputs import ContractError, counters_of, read_logits, read_moe_dump, read_profile
 from ...contract.runspec import LOGITS_FILE, STATS_FILE
@@ -79,9 +79,6 @@ class SwitchesSuite:
     title = "switches: one paged run per data-path switch, vs the reference, resident logits and the cache policy"
     description = __doc__
     requires = ("pager", "moe_dump")
-
-    def mode(self, ctx: CheckContext) -> str:
-        return "exact" if ctx.engine.bundled else ctx.cfg.e2e.compare
 
     def plan(self, ctx: CheckContext) -> list[Task | CheckResult]:
         layers = [l for l in check_layers(ctx) if 0 <= l < ctx.facts.n_layer]
@@ -163,11 +160,11 @@ class SwitchesSuite:
             if d.status != PASS:
                 problems.append(d.message)
                 break
-        diff = compare_logits(rlogits, logits)
+        diff, rule = compare_logits(rlogits, logits), ctx.logits_rule("itself")
         props.update({f"logits_{k}": v for k, v in diff.props().items()})
-        if not logits_verdict(diff, self.mode(ctx), ctx.cfg.e2e.max_kl):
-            problems.append(f"logits differ from the resident run: {diff.text()}")
-        if run.stdout != resident.stdout and self.mode(ctx) == "exact":
+        if not diff.passes(rule):
+            problems.append(f"logits differ from the resident run ({rule.text()}): {diff.text()}")
+        if run.stdout != resident.stdout and rule.mode == "exact":
             problems.append("generated text differs from the resident run's")
         # 2. the counters the switch promises, 3. the switch in effect
         try:
