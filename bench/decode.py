@@ -33,8 +33,12 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from headline import (CGROUP_ROOT, LLAMA_SCRIPT, PROMPT, REPO, MemoryCap, drop_page_cache, run_capped,  # noqa: E402
-                      write_json)
+from headline import (CGROUP_ROOT, ENGINE_CTX, LLAMA_SCRIPT, PROMPT, REPO, MemoryCap, drop_page_cache,  # noqa: E402
+                      run_capped, write_json)
+
+from epmci.contract.bundled import ARGV as BUNDLED_ARGV  # noqa: E402
+from epmci.contract.outputs import read_stats  # noqa: E402
+from epmci.contract.runspec import STATS_FILE, RunSpec  # noqa: E402
 
 MiB = 1 << 20
 
@@ -55,24 +59,23 @@ def warm_page_cache(path: str) -> None:
 
 def engine_run(model: str, prompt: str, threads: int, a, cap: MemoryCap | None = None) -> dict:
     with tempfile.TemporaryDirectory() as td:
-        stats = Path(td) / "stats.jsonl"
-        cmd = [sys.executable, "-m", "engine", "-m", model, "-p", prompt, "-n", str(a.n_predict),
-               "-t", str(threads), "--no-chat", "--stats-file", str(stats)]
+        # resident: the engine's default micro-batch (prefill is measured); paged: -b 8 (headline.py's)
+        spec = RunSpec(prompt, n_predict=a.n_predict, threads=threads, ctx=ENGINE_CTX, dump_logits=False,
+                       pager=cap is not None, batch=32 if cap is None else 8)
         if cap is None:
-            cmd.append("--no-pager")
+            cmd = [*BUNDLED_ARGV, *spec.args(model, Path(td))]
             try:
                 r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, cwd=REPO)
             except subprocess.TimeoutExpired:
                 return {"error": f"timeout after {a.timeout}s"}
         else:
-            arena_mb = int(cap.limit * 0.55 / MiB)
-            cmd += ["-b", "8", "--arena-mb", str(arena_mb), "--ram-budget-mb", str(cap.limit // MiB)]
+            spec.arena_mb, spec.ram_budget_mb = int(cap.limit * 0.55 / MiB), cap.limit // MiB
             drop_page_cache(model)
-            r = run_capped(cap, cmd, a.timeout)
+            r = run_capped(cap, [*BUNDLED_ARGV, *spec.args(model, Path(td))], a.timeout)
             warm_page_cache(model)
         if r.returncode != 0:
             return {"error": f"exit {r.returncode}: {r.stderr.strip()[-300:]}"}
-        recs = {json.loads(line)["phase"]: json.loads(line) for line in stats.read_text().splitlines()}
+        recs = {s["phase"]: s for s in read_stats(Path(td) / STATS_FILE)}
         return {"prefill_tok_s": recs["prefill"]["tok_s"], "decode_tok_s": recs["decode"]["tok_s"],
                 "prompt_tokens": recs["prefill"]["tokens"], "decode_tokens": recs["decode"]["tokens"]}
 

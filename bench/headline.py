@@ -38,7 +38,12 @@ CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from epmci.contract.bundled import ARGV as BUNDLED_ARGV  # noqa: E402
+from epmci.contract.outputs import read_stats  # noqa: E402
 from epmci.contract.process import drop_page_cache  # noqa: E402
+from epmci.contract.runspec import STATS_FILE, RunSpec  # noqa: E402
+
+ENGINE_CTX = 512        # the engine's default context: the prompt and -n fit
 PROMPT = "Write a short paragraph about how mixture-of-experts models route tokens."
 
 LLAMA_SCRIPT = textwrap.dedent("""
@@ -114,15 +119,13 @@ def warm_page_cache(cgroup: MemoryCap, model: str) -> None:
 
 def engine_run(cap, model, a, row: Row, arena_mb: int) -> dict:
     with tempfile.TemporaryDirectory() as td:
-        stats = Path(td) / "s.jsonl"
-        memory = (["--no-pager"] if row.resident else
-                  ["--arena-mb", str(arena_mb), "--ram-budget-mb", str(cap.limit // 2**20)])
-        cmd = [sys.executable, "-m", "engine", "-m", model, "-p", PROMPT, "-n", str(a.n_predict),
-               "-t", str(a.threads), "-b", "8", "--no-chat", *memory, "--stats-file", str(stats), *row.extra]
-        r = run_capped(cap, cmd, a.timeout, row.env, row.cwd)
+        spec = RunSpec(PROMPT, n_predict=a.n_predict, threads=a.threads, batch=8, ctx=ENGINE_CTX, dump_logits=False,
+                       pager=not row.resident, arena_mb=None if row.resident else arena_mb,
+                       ram_budget_mb=None if row.resident else cap.limit // 2**20)
+        r = run_capped(cap, [*BUNDLED_ARGV, *spec.args(model, Path(td)), *row.extra], a.timeout, row.env, row.cwd)
         if r.returncode != 0:
             return {"error": f"exit {r.returncode}: {r.stderr.strip()[-300:]}", **cap.stats()}
-        dec = {json.loads(l)["phase"]: json.loads(l) for l in stats.read_text().splitlines()}["decode"]
+        dec = {s["phase"]: s for s in read_stats(Path(td) / STATS_FILE)}["decode"]
         if row.resident:  # no pager: the paging counters are all 0 and say nothing
             return {"tok_s": dec["tok_s"], "peak_rss_mb": dec["peak_rss_mb"], **cap.stats()}
         return {"tok_s": dec["tok_s"], "hit_rate": dec["hit_rate"],
@@ -156,9 +159,10 @@ def ref_worktree(ref: str) -> str:
         os.rmdir(path)
         die(f"--ref {ref}: {(add.stderr.strip().splitlines() or ['git worktree add failed'])[-1]}")
     from epmci.synth.store import make_model
-    warm = subprocess.run([sys.executable, "-m", "engine", "-m", str(make_model("ci")), "-p", PROMPT, "-n", "2",
-                           "--no-chat"], cwd=path, env={**os.environ, "PYTHONPATH": path},
-                          capture_output=True, text=True)
+    with tempfile.TemporaryDirectory() as td:
+        spec = RunSpec(PROMPT, n_predict=2, ctx=ENGINE_CTX, dump_logits=False)
+        warm = subprocess.run([*BUNDLED_ARGV, *spec.args(str(make_model("ci")), Path(td))], cwd=path,
+                              env={**os.environ, "PYTHONPATH": path}, capture_output=True, text=True)
     if warm.returncode != 0:
         remove_worktree(path)
         die(f"--ref {ref}: its engine failed (exit {warm.returncode}): "

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..config.schema import CheckConfig
-from ..contract.build import BuildResult, build_engine
+from ..contract.build import WARM_UP_BATCH, BuildResult, build_engine
 from ..contract.process import EngineCommand
 from ..errors import InputError
 from ..gguf.facts import ModelFacts
@@ -36,13 +36,12 @@ from .suites import SUITES
 from .suites.base import Task
 
 Progress = Callable[[CheckResult], None]
-BUILD_BATCH = 2          # the warm-up runs' -b (epmci.contract.bundled.warm_up_runs)
 
 
 def build_for_check(cfg: CheckConfig, engine: EngineCommand, model_path: Path, facts: ModelFacts,
           workdir: Path | None = None) -> BuildResult:
     """Build the engine the check will run, warming it up on the check's model."""
-    return build_engine(engine, model_path, auto_arena_mb(cfg, facts, BUILD_BATCH), build_cmd=cfg.engine.build_cmd,
+    return build_engine(engine, model_path, auto_arena_mb(cfg, facts, WARM_UP_BATCH), build_cmd=cfg.engine.build_cmd,
                         build_timeout=cfg.engine.build_timeout_s, run_timeout=cfg.engine.timeout_s, workdir=workdir)
 
 

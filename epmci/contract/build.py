@@ -1,7 +1,7 @@
 """`epmci build`: get the engine ready to run, and time it.
 
 Bundled engine: its numba kernels are compiled into numba's on-disk cache by engine runs
-through every path a check uses (epmci.contract.bundled.warm_up_runs: two sequences side by
+through every path a check uses (warm_up_runs: two sequences side by
 side, so the checks that follow, running in parallel, do not all compile the same kernels
 at once). Each warm-up run is an ordinary engine run, bounded by the engine run timeout.
 External engine: engine.build_cmd is run, bounded by the build timeout.
@@ -19,8 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..gguf.file import EXPERT_PARTS, ModelFile
-from . import bundled
 from .process import EngineCommand, EngineRun, run_engine
+from .runspec import RunSpec, selftest_args
+
+WARM_UP_BATCH = 2
 
 
 @dataclass
@@ -45,6 +47,22 @@ def selftest_layers(model_path: str | Path) -> list[int]:
             seen.add(types)
             out.append(il)
     return out
+
+
+def warm_up_runs(model: str, workdir: str, arena_mb: float, layers: list[int]) -> list[list[list[str]]]:
+    """Two sequences of engine runs that go through every path a check uses, run side by
+    side: the resident forward then the paged forward with prefetch; and one selftest per
+    layer in `layers` (the arena-slot specializations, writable arrays, compiled while the
+    other sequence compiles the read-only ones)."""
+    spec = RunSpec("a b c", n_predict=2, batch=WARM_UP_BATCH, ctx=64, threads=1, arena_mb=arena_mb)
+    forward = [RunSpec("a b c", n_predict=2, batch=WARM_UP_BATCH, ctx=64, threads=1, pager=False).args(
+                   model, Path(workdir) / "resident"),
+               spec.args(model, Path(workdir) / "paged")]
+    for d in ("resident", "paged"):
+        (Path(workdir) / d).mkdir(parents=True, exist_ok=True)
+    selftests = [selftest_args(model, il, 0, 2, Path(workdir) / f"st-{il}.bin", threads=1, ctx=64,
+                               batch=WARM_UP_BATCH, arena_mb=arena_mb) for il in layers]
+    return [forward, selftests]
 
 
 def build_engine(engine: EngineCommand, model_path: str | Path, arena_mb: float, *,
@@ -92,7 +110,7 @@ def _warm_up(engine: EngineCommand, model: str, workdir: str, arena_mb: float,
                 break
         return done
 
-    seqs = bundled.warm_up_runs(model, workdir, arena_mb, selftest_layers(model))
+    seqs = warm_up_runs(model, workdir, arena_mb, selftest_layers(model))
     with ThreadPoolExecutor(max_workers=len(seqs)) as pool:
         runs = [r for seq in pool.map(sequence, seqs) for r in seq]
     bad = next((r for r in runs if not r.ok), None)

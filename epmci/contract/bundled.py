@@ -1,6 +1,6 @@
 """What is specific to the bundled engine (`python -m engine`, engine/): how it is started,
-the environment numba needs, the warm-up runs that fill numba's on-disk cache, and when a
-compiled cache can be reused for another source tree. Every other part of epmci treats the
+the environment numba needs, and when a compiled cache can be reused for another source tree
+(the warm-up runs that fill numba's on-disk cache: epmci.contract.build). Every other part of epmci treats the
 bundled engine as any engine speaking docs/engine-contract.md; epmci never imports engine/.
 """
 
@@ -12,7 +12,6 @@ import shutil
 import sys
 from pathlib import Path
 
-from ..units import arena_flag
 
 ARGV = (sys.executable, "-m", "engine")
 
@@ -27,23 +26,6 @@ def run_env(threads: int, root: str | None = None) -> dict[str, str]:
         env["PYTHONPATH"] = str(root) + (os.pathsep + os.environ["PYTHONPATH"]
                                          if os.environ.get("PYTHONPATH") else "")
     return env
-
-
-# ------------------------------------------------------------------ warm-up
-
-def warm_up_runs(model: str, workdir: str, arena_mb: float, selftest_layers: list[int]) -> list[list[list[str]]]:
-    """Two sequences of engine runs that go through every path a check uses, run side by
-    side: the resident forward then the paged forward with prefetch; and one selftest per
-    layer in `selftest_layers` (the arena-slot specializations, writable arrays, compiled
-    while the other sequence compiles the read-only ones)."""
-    arena = arena_flag(arena_mb)
-    common = ["-m", model, "-p", "a b c", "-n", "2", "-b", "2", "-c", "64", "-t", "1",
-              "--no-chat", "--no-interactive"]
-    forward = [common + ["--no-pager", "--dump-logits", "--logits-out", f"{workdir}/a.bin"],
-               common + ["--arena-mb", arena, "--stats-file", f"{workdir}/s.jsonl"]]
-    selftests = [["-m", model, "-t", "1", "-b", "2", "--arena-mb", arena,
-                  "--selftest", f"{il}:0:2:{workdir}/st-{il}.bin"] for il in selftest_layers]
-    return [forward, selftests]
 
 
 # ------------------------------------------------------------------ numba's compiled cache

@@ -39,6 +39,7 @@ class RunSpec:
     chat: bool = False                   # True: the engine's chat template (no --no-chat)
     temp: float = 0.0                    # --temp (0: greedy)
     seed: int = 0                        # --seed
+    dump_logits: bool = True             # False: no logits file (benchmarks time decode only)
 
     def args(self, model: str | os.PathLike, out: Path, pager_flags: bool = True,
              pace_fds: tuple[int, int] | None = None) -> list[str]:
@@ -46,8 +47,9 @@ class RunSpec:
         given = ["--tokens-in", self.tokens_in] if self.tokens_in else ["-p", self.prompt, "-n", str(self.n_predict)]
         a = ["-m", str(model), *given, "-c", str(self.ctx),
              "-t", str(self.threads), "-b", str(self.batch), "--temp", f"{self.temp:g}", "--seed", str(self.seed),
-             *([] if self.chat else ["--no-chat"]), "--no-interactive", "--stats-file", str(out / STATS_FILE),
-             "--dump-logits", "--logits-out", str(out / LOGITS_FILE)]
+             *([] if self.chat else ["--no-chat"]), "--no-interactive", "--stats-file", str(out / STATS_FILE)]
+        if self.dump_logits:
+            a += ["--dump-logits", "--logits-out", str(out / LOGITS_FILE)]
         if pace_fds is not None:
             a += ["--pace-fds", f"{pace_fds[0]},{pace_fds[1]}"]
         if not pager_flags:
