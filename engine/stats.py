@@ -8,6 +8,11 @@ from dataclasses import dataclass, field
 # Counters that are exact: the same for the same inputs on every run, thread count and
 # machine. A phase's value is the difference of two snapshots of ExpertStore.counters().
 EXACT_COUNTERS = ("hits", "misses", "evictions", "ssd_bytes", "io_bytes", "prefetch_issued", "prefetch_used")
+# Branch events: how often each paging switch's own code path ran (docs/engine-contract.md,
+# Stats), exact counters too, in the order the record lists them.
+BRANCH_EVENTS = ("transient_reads", "pinned_hits", "prefetch_predictions", "prefetch_layers_ahead",
+                 "prefetch_queued", "prefetch_late", "prefetch_dropped", "prefetch_stale", "serial_reads",
+                 "fadvise_ranges")
 
 
 def proc_status_kib(key: str) -> int:
@@ -55,7 +60,7 @@ def phase_counters(prev: dict, before: dict, after: dict, phase_tokens: int) -> 
     """A phase's stats fields: `prev` (the phase so far) plus the counters between the
     snapshots `before` and `after`. Empty snapshots (--no-pager) give zeros."""
     rec = {}
-    for k in EXACT_COUNTERS:
+    for k in EXACT_COUNTERS + BRANCH_EVENTS:
         rec[k] = int(prev.get(k, 0)) + int(after.get(k, 0)) - int(before.get(k, 0))
     lookups = rec["hits"] + rec["misses"]
     out = {
@@ -79,4 +84,5 @@ def phase_counters(prev: dict, before: dict, after: dict, phase_tokens: int) -> 
         "arena_mb": after.get("arena_mb", 0.0),
         "ram_need_mb": after.get("ram_need_mb", 0.0),
     }
+    out.update((k, rec[k]) for k in BRANCH_EVENTS)
     return out

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from epmci.check.suites.switches import RUNS
+from epmci.check.suites.switches import CHECKED_IN_SIMULATION, EVIDENCE, NO_EVENT, RUNS
 from epmci.contract.cache_model import CacheModel, Lookup
 from faults import broken_engine, results, run_check, statuses
 
@@ -30,6 +30,17 @@ def test_every_documented_switch_is_exercised():
     exercised = ALWAYS_SET | INSTRUMENTS | {k for r in RUNS for k in r.env}
     assert documented - exercised == set(), "documented switches no switches run sets"
     assert any(not r.prefetch for r in RUNS) and {1, 3} <= {r.batch for r in RUNS}   # --no-prefetch, -b 1, odd -b
+
+
+def test_every_documented_switch_has_its_branch_evidence():
+    """A switch run must show that its switch's code ran: every data-path switch of the
+    contract has a branch event (or a reported number the simulation checks), and the event
+    is a stats field the contract documents."""
+    data_path = documented_switches() - ALWAYS_SET - INSTRUMENTS
+    assert data_path - set(EVIDENCE) - set(CHECKED_IN_SIMULATION) - set(NO_EVENT) == set()
+    stats = (REPO / "docs" / "engine-contract.md").read_text(encoding="utf-8").split("## Stats", 1)[1]
+    for switch, ev in EVIDENCE.items():
+        assert re.search(rf"^\| [^|]*\b{ev.event}\b[^|]*\| branch event", stats, re.M), (switch, ev.event)
 
 
 def test_the_cache_model_on_a_hand_made_trace():
@@ -55,6 +66,10 @@ def test_the_bundled_engine_passes_every_switch(tmp_path, tiny_model):
     assert set(statuses(rep, "switches")) == {r.name for r in RUNS}
     sim = [r for r in results(rep, "switches") if r["properties"]["expect"] == "simulated"]
     assert len(sim) >= 3 and all("= the cache policy on the dumped routing" in r["message"] for r in sim)
+    events = {r["name"]: r["properties"]["branch_events"] for r in results(rep, "switches")}
+    assert events["admit=2, -b 1"]["transient_reads"] > 0 and events["default"]["transient_reads"] == 0
+    assert events["layer-ahead 2, queue 2"]["prefetch_late"] > 0 and events["default"]["prefetch_late"] == 0
+    assert events["serial reads, one reader, fadvise"]["serial_reads"] > 0
 
 
 # (patch, the runs that take the faulty branch, what one of their failures must say): a fault
@@ -101,7 +116,7 @@ FAULTS = {
         import engine.paging.arena as A
         good = A.part_window
         A.part_window = lambda off, stride, n, size, direct: good(off, stride, n, size, direct) if direct else (0, stride - 32)
-    """, ["admit=3, -b 3, exact reads, SDQ_ARENA_MB"], "differs from the reference"),
+    """, ["admit=3, -b 3, exact reads, SDQ_ARENA_MB"], "io_bytes"),     # reads move fewer bytes than the experts
     "two-layer-ahead prefetch reads the layer before": ("""
         import engine.paging.pager as P
         good = P.Pager._read_into_slot
@@ -110,7 +125,37 @@ FAULTS = {
                 key = (key[0] - 1, key[1])
             return good(self, key, slot)
         P.Pager._read_into_slot = _read_into_slot
-    """, ["layer-ahead 2"], ""),
+    """, ["layer-ahead 2, queue 2"], ""),
+    # a prediction issued late, after waiting for a full queue, reads the neighbouring
+    # expert: only a run whose queue overflows with predictions that outlive their layer
+    # reaches it (the perf suite's long prompt used to be the only one that did)
+    "a late-issued prefetch reads the neighbouring expert": ("""
+        import engine.paging.prefetch as F, engine.paging.pager as P
+        good_pump, good_read = F.PrefetchQueue.pump, P.Pager._read_into_slot
+        LATE = set()
+        def pump(self, n_outstanding, issue):
+            seen = [self.late]
+            def tagged(key, born):          # the queue counted it late just before issuing it
+                if self.late > seen[0]:
+                    LATE.add(key)
+                seen[0] = self.late
+                issue(key, born)
+            return good_pump(self, n_outstanding, tagged)
+        def _read_into_slot(self, key, slot):
+            if key in LATE:
+                LATE.discard(key)
+                key = (key[0], (key[1] + 1) % self.gm.hp.n_expert)
+            return good_read(self, key, slot)
+        F.PrefetchQueue.pump, P.Pager._read_into_slot = pump, _read_into_slot
+    """, ["layer-ahead 2, queue 2"], "differs from the reference"),
+    # the queue's cap not applied: nothing ever waits, so the queue's run never reaches its branch
+    "SDQ_PREFETCH_QUEUE ignored": ("""
+        import engine.paging.prefetch as F
+        good = F.PrefetchQueue.__init__
+        def __init__(self, cap, stale):
+            good(self, 64, stale)
+        F.PrefetchQueue.__init__ = __init__
+    """, ["layer-ahead 2, queue 2"], "did not reach its switch's branch (SDQ_PREFETCH_QUEUE=2"),
     "-b ignored": ("""
         import engine.runtime as R
         good = R.Engine.__init__

@@ -61,6 +61,8 @@ class CachePolicy:
         self.seen: Counter[Key] = Counter()
         self.hits = self.misses = self.evictions = 0
         self.prefetch_issued = self.prefetch_used = 0
+        # branch events: what the admission and pin switches exist for
+        self.transient_reads = self.pinned_hits = 0
 
     # ------------------------------------------------------------ queries
 
@@ -110,6 +112,7 @@ class CachePolicy:
             self.seen[key] += 1
             if key in self.where:
                 self.hits += 1
+                self.pinned_hits += key in self.pinned
                 used = self.outstanding.pop(key, None) is not None
                 if used:
                     self.prefetch_used += 1
@@ -131,6 +134,7 @@ class CachePolicy:
                     self.in_use.add(key)
                     d = Decision(key, False, slot, victim)
                 else:
+                    self.transient_reads += 1
                     d = Decision(key, False, -1)
             out.append(d)
         return out
@@ -195,7 +199,8 @@ class CachePolicy:
 
     def counters(self) -> dict:
         return {"hits": self.hits, "misses": self.misses, "evictions": self.evictions,
-                "prefetch_issued": self.prefetch_issued, "prefetch_used": self.prefetch_used}
+                "prefetch_issued": self.prefetch_issued, "prefetch_used": self.prefetch_used,
+                "transient_reads": self.transient_reads, "pinned_hits": self.pinned_hits}
 
 
 # ---------------------------------------------------------------- offline optimal

@@ -79,6 +79,9 @@ class ExpertIO:
         self.bytes_read = 0      # every byte moved by a reader (a timing-independent total)
         self.reads_direct = 0    # ranges read with O_DIRECT
         self.reads_buffered = 0
+        # branch events, counted at submit on the main thread (exact, whatever the timing):
+        # expert reads one task reads range after range, ranges dropped from the page cache
+        self.serial_reads = self.fadvise_ranges = 0
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         self._batch: list = []   # submitted, not yet handed to the readers (main thread only)
         self._threads = [threading.Thread(target=self._worker, name=f"epm-io-{i}", daemon=True)
@@ -101,6 +104,9 @@ class ExpertIO:
         else:
             h = ReadHandle(1)
             self._batch.append((h, tuple(ranges)))
+            self.serial_reads += 1
+        if self.fadvise_dontneed:
+            self.fadvise_ranges += len(ranges)
         if not defer:
             self.flush()
         return h

@@ -106,6 +106,9 @@ class Pager:
         self.pin_bytes = 0
         self.io_wait_s = 0.0
         self.ram_need_bytes = 0  # what the budget check counted (check_budget)
+        # branch events of layer-ahead prefetch: predictions made, and the layers ahead of
+        # the current one they were made for (summed), and outstanding prefetches gone stale
+        self.predictions = self.layers_ahead = self.prefetch_stale = 0
         self.profile: Counter[Key] = Counter()
         self.trace: list[tuple[int, list[int]]] | None = None   # set to [] to record lookups
         self.read_log: list[tuple[str, Key]] | None = None      # set to [] to record reads
@@ -209,6 +212,8 @@ class Pager:
         protect: set[Key] = set()
         if target < self.gm.hp.n_layer:
             keys = [(target, e) for e in self.predictor.predict(target, x)]
+            self.predictions += 1
+            self.layers_ahead += target - il
             new = []
             for key in keys:
                 if self.policy.resident(key):
@@ -260,7 +265,7 @@ class Pager:
     def end_batch(self, n_tokens: int) -> None:
         self.clock += int(n_tokens)
         self.queue.expire(self.clock)
-        self.policy.drop_stale(self.clock, self.cfg.prefetch_stale_tokens)
+        self.prefetch_stale += len(self.policy.drop_stale(self.clock, self.cfg.prefetch_stale_tokens))
         self.current_layer = -1
 
     # ------------------------------------------------------------ selftest
@@ -294,6 +299,10 @@ class Pager:
         c["io_bytes"] = self.io_bytes
         c["io_wait_s"] = self.io_wait_s
         c["io_direct_pct"] = self.io.direct_pct()
+        c.update(prefetch_predictions=self.predictions, prefetch_layers_ahead=self.layers_ahead,
+                 prefetch_queued=self.queue.queued, prefetch_late=self.queue.late,
+                 prefetch_dropped=self.queue.dropped, prefetch_stale=self.prefetch_stale,
+                 serial_reads=self.io.serial_reads, fadvise_ranges=self.io.fadvise_ranges)
         c["n_slots"] = self.plan.total_slots
         c["n_slots_small"] = self.plan.n_class("small")
         c["n_slots_large"] = self.plan.n_class("large")

@@ -55,6 +55,11 @@ class PrefetchQueue:
         self.stale = max(0, int(stale))
         self.pending: deque[tuple[Key, int]] = deque()
         self._pending_keys: set[Key] = set()
+        self._waited: set[Key] = set()   # pending keys already counted as queued
+        # branch events: predictions that waited because `cap` reads were outstanding
+        # (queued), of those the ones issued later (late), and pending predictions discarded
+        # by their layer's lookup or by staleness (dropped)
+        self.queued = self.late = self.dropped = 0
 
     def add(self, keys: list[Key], clock: int) -> None:
         for key in keys:
@@ -68,14 +73,26 @@ class PrefetchQueue:
         while self.pending and n_outstanding() < self.cap:
             key, born = self.pending.popleft()
             self._pending_keys.discard(key)
+            if key in self._waited:
+                self._waited.discard(key)
+                self.late += 1
             issue(key, born)
+        for key, _ in self.pending:
+            if key not in self._waited:
+                self._waited.add(key)
+                self.queued += 1
+
+    def _keep(self, keep) -> None:
+        kept = deque(e for e in self.pending if keep(e))
+        self.dropped += len(self.pending) - len(kept)
+        self.pending = kept
+        self._pending_keys = {k for k, _ in kept}
+        self._waited &= self._pending_keys
 
     def drop_layer(self, layer: int) -> None:
         if any(k[0] == layer for k, _ in self.pending):
-            self.pending = deque((k, c) for k, c in self.pending if k[0] != layer)
-            self._pending_keys = {k for k, _ in self.pending}
+            self._keep(lambda e: e[0][0] != layer)
 
     def expire(self, clock: int) -> None:
         if any(clock - c > self.stale for _, c in self.pending):
-            self.pending = deque((k, c) for k, c in self.pending if clock - c <= self.stale)
-            self._pending_keys = {k for k, _ in self.pending}
+            self._keep(lambda e: clock - e[1] <= self.stale)

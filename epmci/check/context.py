@@ -18,6 +18,7 @@ from ..contract import runspec
 from ..contract.capabilities import Capabilities
 from ..contract.outputs import read_stats
 from ..contract.process import EngineCommand, EngineRun, run_engine
+from ..contract.promises import Promises
 from ..contract.runspec import RunSpec
 from ..gguf.facts import ModelFacts
 from ..gguf.file import EXPERT_PARTS, ModelFile
@@ -44,6 +45,7 @@ class CheckContext:
     caps: Capabilities
     suites_run: tuple[str, ...] = ()     # the suites this check runs (selected, and the engine can take them)
     facts: ModelFacts = field(init=False)
+    promises: Promises = field(init=False)      # every paged run is held to them (contract/promises.py)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
     _sha: dict = field(default_factory=dict, init=False)
     _model_sha: str | None = field(default=None, init=False)
@@ -51,6 +53,7 @@ class CheckContext:
 
     def __post_init__(self):
         self.facts = ModelFacts.of(self.mf, self.cfg.run.slot_align, self.cfg.run.slot_windows)
+        self.promises = Promises.of(self.mf, self.cfg.run.slot_align, self.cfg.run.slot_windows)
 
     # -------------------------------------------------------------- settings
 
@@ -107,7 +110,7 @@ class CheckContext:
         """`spec` on the check's model (or `model`, e.g. a patched copy of it)."""
         # cwd stays the caller's: a relative --engine-cmd path means what the user typed
         return runspec.run(self.engine, model or self.model_path, spec, out, timeout=self.cfg.engine.timeout_s,
-                           label=label, env=env)
+                           label=label, env=env, promises=None if model else self.promises)
 
     def stats(self, path: Path) -> list[dict]:
         """The run's stats records, each with every field the contract documents for this engine."""

@@ -22,10 +22,14 @@ VERSION = 1
 MOE_DUMP_VERSION_SHARED = 2   # MoE dump records that carry the shared expert's output
 SLOT_ERROR_PREFIX = "[epm] SLOT-ERROR"
 # Every field of a stats record, in the contract's order (docs/engine-contract.md, Stats).
+# Branch events: how often each paging switch's own code path ran (exact counters).
+BRANCH_EVENTS = ("transient_reads", "pinned_hits", "prefetch_predictions", "prefetch_layers_ahead",
+                 "prefetch_queued", "prefetch_late", "prefetch_dropped", "prefetch_stale", "serial_reads",
+                 "fadvise_ranges")
 STATS_FIELDS = ("phase", "tokens", "seconds", "tok_s", "hit_rate", "hits", "misses", "evictions",
                 "ssd_bytes", "ssd_bytes_per_token", "io_bytes", "n_slots", "n_slots_small", "n_slots_large",
                 "prefetch_issued", "prefetch_used", "prefetch_used_rate", "io_wait_s", "io_direct_pct",
-                "arena_mb", "ram_need_mb", "peak_rss_mb", "vm_swap_mb")
+                "arena_mb", "ram_need_mb", *BRANCH_EVENTS, "peak_rss_mb", "vm_swap_mb")
 # What every engine writes; the other fields are the pager's, which an engine without one omits.
 STATS_CORE_FIELDS = ("phase", "tokens", "seconds", "tok_s", "peak_rss_mb", "vm_swap_mb")
 # Stats fields that are timings or measurements of the process and machine (io_direct_pct

@@ -13,7 +13,7 @@ import shlex
 import signal
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import InputError
@@ -79,10 +79,12 @@ class EngineRun:
     timeout: float
     timed_out: bool = False
     launch_error: str | None = None
+    broken_promises: list[str] = field(default_factory=list)   # resource promises of its stats (promises.py)
 
     @property
     def ok(self) -> bool:
-        return self.returncode == 0 and not self.timed_out and self.launch_error is None
+        return (self.returncode == 0 and not self.timed_out and self.launch_error is None
+                and not self.broken_promises)
 
     @property
     def slot_errors(self) -> list[str]:
@@ -95,7 +97,11 @@ class EngineRun:
         if self.timed_out:
             return f"engine timed out after {self.timeout:g} s (killed)"
         if self.returncode == 0:
-            return None
+            if not self.broken_promises:
+                return None
+            more = f" (and {len(self.broken_promises) - 1} more)" if len(self.broken_promises) > 1 else ""
+            return (f"engine broke a resource promise (docs/engine-contract.md, Paging): "
+                    f"{self.broken_promises[0]}{more}")
         if self.returncode == 2:
             line = engine_error_line(self.stderr) or _last_line(self.stderr) or "no message"
             return f"engine refused to run (exit 2): {line}"

@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..units import arena_flag
+from .outputs import ContractError, read_stats
 from .process import EngineCommand, EngineRun, StartedEngine, run_engine, start_engine
+from .promises import Promises
 
 STATS_FILE = "stats.jsonl"
 LOGITS_FILE = "logits.bin"
@@ -75,10 +77,22 @@ class RunSpec:
 
 
 def run(engine: EngineCommand, model: str | os.PathLike, spec: RunSpec, out: Path, *, timeout: float,
-        label: str = "", env: dict | None = None, cwd: str | os.PathLike | None = None) -> EngineRun:
-    """Run `spec` with its outputs in `out`; `env` is added under the spec's own."""
-    return run_engine(engine, spec.args(model, out, engine.has("pager")), timeout=timeout, label=label,
-                      env=_env(spec, env), cwd=cwd, threads=spec.threads)
+        label: str = "", env: dict | None = None, cwd: str | os.PathLike | None = None,
+        promises: Promises | None = None) -> EngineRun:
+    """Run `spec` with its outputs in `out`; `env` is added under the spec's own. With
+    `promises`, a paged run that exits 0 is held to the contract's resource promises (a
+    broken one makes it fail; unreadable stats are left to the caller to report)."""
+    full_env = _env(spec, env)
+    r = run_engine(engine, spec.args(model, out, engine.has("pager")), timeout=timeout, label=label,
+                   env=full_env, cwd=cwd, threads=spec.threads)
+    if promises is not None and r.ok and engine.has("pager") and spec.pager:
+        try:
+            records = read_stats(out / STATS_FILE, engine.stats_fields())
+        except ContractError:
+            return r
+        r.broken_promises = promises.broken(arena_mb=spec.arena_mb, batch=spec.batch,
+                                            ram_budget_mb=spec.ram_budget_mb, env=full_env, records=records)
+    return r
 
 
 def start(engine: EngineCommand, model: str | os.PathLike, spec: RunSpec, out: Path, *, pace_fds: tuple[int, int],

@@ -64,5 +64,31 @@ class ModelFacts:
         need = min(self.n_expert, batch * self.n_expert_used) + margin_slots
         return sum(need * s for s in self.slot_classes(uniform))
 
+    def slot_counts(self, arena_bytes: int, batch: int, uniform: bool) -> dict[str, int] | None:
+        """The slots per class an arena of `arena_bytes` holds (docs/engine-contract.md, Paging:
+        Arena and slots), {"small": n, "large": n}; None below the minimum. Mixed: the large
+        class gets A * cl / (cs * S + cl * L) slots (cs, cl: experts of each class in the
+        model; S, L: slot sizes), at least its need and leaving the small class its need; the
+        small class the rest; neither more than its experts, bytes a capped class cannot use
+        going to the other."""
+        sizes = self.slot_classes(uniform)
+        if arena_bytes < self.min_arena_bytes(batch, uniform):
+            return None
+        need = min(self.n_expert, batch * self.n_expert_used)
+        if len(sizes) == 1:
+            return {"small": 0, "large": min(arena_bytes // sizes[0], self.n_expert * self.n_layer)}
+        S, L = sizes
+        cl = self.n_expert * sum(1 for b in self.slot_bytes if b == L)
+        cs = self.n_expert * self.n_layer - cl
+        large = min(max(arena_bytes * cl // (cs * S + cl * L), need), (arena_bytes - need * S) // L)
+        small = (arena_bytes - large * L) // S
+        if small > cs:
+            small = cs
+            large = min(cl, (arena_bytes - small * S) // L)
+        if large > cl:
+            large = cl
+            small = min(cs, (arena_bytes - large * L) // S)
+        return {"small": small, "large": large}
+
     def total_expert_bytes(self) -> int:
         return sum(self.expert_bytes) * self.n_expert

@@ -22,6 +22,7 @@ import numpy as np
 
 from ..contract.outputs import ContractError, counters_of, read_logits, read_stats
 from ..contract.process import EngineCommand, EngineRun, drop_page_cache
+from ..contract.promises import Promises
 from ..contract.runspec import LOGITS_FILE, STATS_FILE, RunSpec, run
 from .machine import CpuContention
 
@@ -71,7 +72,7 @@ def prepare_outdir(outdir: str | os.PathLike) -> Path:
 def measure(engine: EngineCommand, model: str | os.PathLike, spec: RunSpec, outdir: str | os.PathLike,
             *, timeout: float, keep_rows: int = 0, drop_cache: bool = True,
             cwd: str | os.PathLike | None = None, label: str = "", keep_files: bool = False,
-            env: dict | None = None) -> Measurement:
+            env: dict | None = None, promises: Promises | None = None) -> Measurement:
     """Run the engine once and read what it wrote. Never raises for engine failures: a run
     that failed or wrote unusable output is a Measurement with ok=False and the reason."""
     out = prepare_outdir(outdir)
@@ -79,7 +80,7 @@ def measure(engine: EngineCommand, model: str | os.PathLike, spec: RunSpec, outd
         drop_page_cache(model)
     with CpuContention() as busy:
         # cwd: the caller's unless given, so a relative --engine-cmd path means what the user typed
-        result = run(engine, model, spec, out, timeout=timeout, label=label, env=env, cwd=cwd)
+        result = run(engine, model, spec, out, timeout=timeout, label=label, env=env, cwd=cwd, promises=promises)
     return read_measurement(engine, label, result, out, keep_rows=keep_rows, keep_files=keep_files,
                             other_cpu_pct=busy.other_pct)
 

@@ -9,9 +9,11 @@ from pathlib import Path
 
 from ..config.experiments import EXPERIMENTS
 from ..config.schema import CheckConfig
+from ..contract.promises import Promises
 from ..contract.runspec import RunSpec
 from ..errors import InputError
 from ..gguf.facts import ModelFacts
+from ..gguf.file import ModelFile
 from ..gguf.identity import model_identity
 from . import abba
 from .golden import Golden, find, golden_path, golden_root
@@ -33,6 +35,7 @@ class PerfPlan:
     base_sha: str | None = None
     repo: Path | None = None
     engine: dict | None = None                    # the identity of the engine measured (Capabilities.identity)
+    promises: Promises | None = None              # every measured paged run is held to them
 
     def record_hint(self, other_profile: bool = False) -> str:
         return f"epmci golden update --profile {'<profile>' if other_profile else self.profile} --reason \"...\""
@@ -64,7 +67,8 @@ def prepare(cfg: CheckConfig, model_path: Path, facts: ModelFacts, engine: dict,
                                 f"{model_path} has sha256 {ident['sha256'][:16]}... (same id {ident['id']}): "
                                 f"the model generator changed without a version bump, or the file is damaged")
     plan = PerfPlan(cfg, facts, ident, golden, gfile, pc.profile, fingerprint(model_path.parent),
-                    perf_settings(cfg), engine=engine)
+                    perf_settings(cfg), engine=engine,
+                    promises=Promises.of(ModelFile(model_path), cfg.run.slot_align, cfg.run.slot_windows))
     plan.repeats = pc.repeats
     for name in pc.scenarios:
         plan.specs[name] = plan.scenario_specs(name)

@@ -52,7 +52,8 @@ class Scenario:
 
     def _measure(self, spec, where: str, label: str, keep_rows: int = 0) -> Measurement:
         return measure(self.engine, self.model, spec, self.workdir(f"perf-{self.name}-{where}"),
-                       timeout=self.timeout, keep_rows=keep_rows, label=f"perf {self.name} {label}")
+                       timeout=self.timeout, keep_rows=keep_rows, label=f"perf {self.name} {label}",
+                       promises=self.plan.promises)
 
     def run(self, timed_repeats: int) -> ScenarioRuns:
         """Steps 1-3 of the module doc; `timed_repeats` counts the first run of prompt 1."""
