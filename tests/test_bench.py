@@ -29,6 +29,7 @@ from epmci.errors import InputError
 FAKE_ENGINE = r'''
 import json, os, struct, sys
 import numpy as np
+from epmci.contract.outputs import BRANCH_EVENTS
 a = sys.argv[1:]
 def opt(name, default=None):
     return a[a.index(name) + 1] if name in a else default
@@ -48,7 +49,7 @@ with open(opt("--stats-file"), "a") as f:
                             "n_slots_small": 3, "n_slots_large": 1, "prefetch_issued": 2,
                             "prefetch_used": 1, "prefetch_used_rate": 50.0, "io_wait_s": 0.01,
                             "io_direct_pct": 100.0, "arena_mb": 1.0, "ram_need_mb": 90.0,
-                            "peak_rss_mb": 99.0, "vm_swap_mb": 0.0}) + "\n")
+                            **dict.fromkeys(BRANCH_EVENTS, 0), "peak_rss_mb": 99.0, "vm_swap_mb": 0.0}) + "\n")
 with open(os.environ["FAKE_ARGV_LOG"], "a") as f:
     f.write(json.dumps(a) + "\n")
 print("text")
