@@ -58,6 +58,31 @@ def test_kernel_catches_wrong_offset_in_paged_path(tmp_path, tiny_model):
     assert "paged differs from --no-pager" in e2e[0]["message"]
 
 
+def test_kernel_names_a_part_read_a_page_off_by_comparison_not_by_a_crash(tmp_path, tiny_model):
+    """Expert 2's down part read from one page later in the file: finite wrong bytes of the
+    same tensor (the engine computes with them without crashing). The kernel suite's slot
+    comparison names the expert, the part and the offset; the run itself succeeded."""
+    cmd = broken_engine(tmp_path, """
+        import engine.paging.arena as A
+        good = A.LayerLayout.ranges
+        def ranges(self, expert):
+            r = good(self, expert)
+            if expert == 2:
+                off, length, at = r[2]
+                r[2] = (off + 4096, length, at)
+            return r
+        A.LayerLayout.ranges = ranges
+    """)
+    rc, rep = run_check(tmp_path, tiny_model, cmd, "--suites", "kernel", "--set", "kernel.pairs=[[1, 1], [1, 2]]")
+    st = statuses(rep, "kernel")
+    assert rc == 1 and st == {"L1 E1": "pass", "L1 E2": "fail"}, st
+    bad = results(rep, "kernel")[1]
+    assert "slot_sha256" in bad["properties"]                 # the run succeeded: a comparison failed
+    assert "crashed" not in bad["message"] and "slot bytes differ" in bad["message"], bad["message"]
+    assert "L1 E2's bytes with its down part read +4096 B" in bad["message"], bad["message"]
+    assert bad["properties"]["slot_holds"] == "L1 E2 down +4096 B"
+
+
 # ----------------------------------------------------------------- layer & prefetch-stress
 
 WRONG_SIZE_PREFETCH = """

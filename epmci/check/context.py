@@ -5,6 +5,7 @@ settings and arena sizes."""
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -165,6 +166,25 @@ class CheckContext:
         with self._lock:
             self._sha[key] = d
         return d
+
+    def find_shifted_read(self, layer: int, expert: int, sha: bytes, max_shift: int = 8192,
+                          step: int = 32) -> tuple[str, int] | None:
+        """Which read of the expert, off by how many bytes, gives slot bytes of this sha256:
+        one part (gate, up or down) or all three read `shift` bytes from where they are, for
+        shifts that are multiples of `step` up to `max_shift` either way; (part or "all", shift)."""
+        ranges = [self.mf.expert_range(layer, expert, p) for p in EXPERT_PARTS]
+        size = os.path.getsize(self.model_path)
+        with open(self.model_path, "rb") as f:
+            def at(r, shift: int) -> bytes | None:
+                lo = r.offset + shift
+                return os.pread(f.fileno(), r.n_bytes, lo) if 0 <= lo and lo + r.n_bytes <= size else None
+            right = [at(r, 0) for r in ranges]
+            for shift in (s for k in range(1, max_shift // step + 1) for s in (k * step, -k * step)):
+                for which, parts in [(p, [at(r, shift) if i == j else right[i] for i, r in enumerate(ranges)])
+                                     for j, p in enumerate(EXPERT_PARTS)] + [("all", [at(r, shift) for r in ranges])]:
+                    if all(b is not None for b in parts) and hashlib.sha256(b"".join(parts)).digest() == sha:
+                        return which, shift
+        return None
 
     def find_expert_by_sha(self, sha: bytes, size: int) -> tuple[int, int] | None:
         """Which (layer, expert) of the file has these bytes (searching layers of that size)."""

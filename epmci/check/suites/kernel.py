@@ -88,10 +88,7 @@ class KernelSuite:
         props["slot_sha256"] = st.slot_sha256.hex()
         props["file_sha256"] = want.hex()
         if st.slot_sha256 != want:
-            found = ctx.find_expert_by_sha(st.slot_sha256, facts.expert_bytes[il])
-            holds = (f"it holds the bytes of L{found[0]} E{found[1]}" if found else
-                     "they match no expert of the file (wrong offset, length or a torn read)")
-            props["slot_holds"] = f"L{found[0]} E{found[1]}" if found else "unknown"
+            holds, props["slot_holds"] = self.what_the_slot_holds(ctx, il, e, st.slot_sha256)
             problems.append(f"slot bytes differ from the file's expert bytes "
                             f"(sha256 {st.slot_sha256.hex()[:12]} vs {want.hex()[:12]}): {holds}")
         ref = expert_forward(ctx.mf, il, e, st.x)
@@ -102,6 +99,25 @@ class KernelSuite:
         if problems:
             return result(FAIL, f"{where}: " + "; ".join(problems))
         return result(PASS, f"{where}: slot bytes match the file, output {diff.text(tol)}")
+
+
+    @staticmethod
+    def what_the_slot_holds(ctx: CheckContext, il: int, e: int, sha: bytes) -> tuple[str, str]:
+        """Whose bytes a wrong slot holds: another expert's, or this expert's read at a wrong
+        offset (one part or all three); the sentence and a short property."""
+        found = ctx.find_expert_by_sha(sha, ctx.facts.expert_bytes[il])
+        if found:
+            return f"it holds the bytes of L{found[0]} E{found[1]}", f"L{found[0]} E{found[1]}"
+        shifted = ctx.find_shifted_read(il, e, sha)
+        if shifted:
+            part, shift = shifted
+            what = "every part" if part == "all" else f"its {part} part"
+            off = "" if part == "all" else f" (file offset {ctx.mf.expert_range(il, e, part).offset + shift}, "\
+                                          f"expected {ctx.mf.expert_range(il, e, part).offset})"
+            return (f"it holds L{il} E{e}'s bytes with {what} read {shift:+d} B from where it is{off}",
+                    f"L{il} E{e} {part} {shift:+d} B")
+        return ("they match no expert of the file, nor this one read up to 8 KiB off (wrong length or a "
+                "torn read?)", "unknown")
 
 
 SUITE = KernelSuite()
