@@ -14,7 +14,7 @@ import numpy as np
 
 from . import kernels as K
 from . import ops
-from .gguf_model import GGUFModel
+from .gguf_model import GGUFModel, HParams
 from .kernels import Activation
 from .traces import MoETrace
 
@@ -68,7 +68,7 @@ class Model:
         self.gm, self.hp, self.experts = gm, gm.hp, experts
         hp = self.hp
         self.n_ctx = n_ctx
-        k_shape, v_shape = kv_cache_shapes(hp, n_ctx)
+        k_shape, v_shape = kv_cache_shapes(self.cached_layers(), n_ctx)
         self.k_cache = np.zeros(k_shape, dtype=np.float32)
         self.v_cache = np.zeros(v_shape, dtype=np.float32)
         self.n_past = 0
@@ -76,6 +76,10 @@ class Model:
         self._w = {name: (t.data, int(t.qtype)) for name, t in gm.tensors.items() if "_exps." not in name}
         self._exp_types = [tuple(int(gm.expert_part(il, p).qtype) for p in ("gate", "up", "down"))
                            for il in range(hp.n_layer)]
+
+    def cached_layers(self) -> HParams:
+        """The hyperparameters the KV cache is shaped by: every layer keeps one here."""
+        return self.hp
 
     def expert_types(self, il: int) -> tuple[int, int, int]:
         """ggml types of layer il's gate, up and down expert weights."""

@@ -33,7 +33,7 @@ from . import kernels as K
 from . import ops
 from .gguf_model import GGUFModel, HParams
 from .kernels import Activation
-from .model import ExpertStore, Model, experts_ffn, kv_cache_bytes, kv_cache_shapes
+from .model import ExpertStore, Model, experts_ffn, kv_cache_bytes
 from .qwen35_ops import l2_norm_heads, rms_norm, rms_norm_heads, rope_cache, sigmoid, silu, softplus
 from .traces import Qwen35Trace, StateTrace
 
@@ -58,25 +58,21 @@ class Qwen35Model(Model):
     MoE trace) are Model's."""
 
     def __init__(self, gm: GGUFModel, experts: ExpertStore, n_ctx: int):
-        # Not Model.__init__: it would give every layer a KV cache.
-        self.gm, self.hp, self.experts, self.n_ctx = gm, gm.hp, experts, n_ctx
+        # the attention layers' KV cache slots, which Model.__init__ shapes the cache by
+        self.kv_slot = {il: a for a, il in enumerate(attention_layers(gm.hp))}
+        self._shared_out: np.ndarray | None = None
+        super().__init__(gm, experts, n_ctx)
         hp, s = self.hp, gm.hp.ssm
-        self.n_past = 0
-        self._w = {name: (t.data, int(t.qtype)) for name, t in gm.tensors.items() if "_exps." not in name}
-        self._exp_types = [tuple(int(gm.expert_part(il, p).qtype) for p in ("gate", "up", "down"))
-                           for il in range(hp.n_layer)]
         self._shared_types = [tuple(int(gm.layer(il, f"ffn_{p}_shexp").qtype) for p in ("gate", "up", "down"))
                               for il in range(hp.n_layer)]
-        self.kv_slot = {il: a for a, il in enumerate(attention_layers(hp))}
-        k_shape, v_shape = kv_cache_shapes(replace(hp, n_layer=len(self.kv_slot)), n_ctx)
-        self.k_cache = np.zeros(k_shape, dtype=np.float32)
-        self.v_cache = np.zeros(v_shape, dtype=np.float32)
         deltanets = [il for il in range(hp.n_layer) if hp.is_recurrent(il)]
         self.conv_state = {il: np.zeros((s.conv_dim, s.conv_kernel - 1), F32) for il in deltanets}
         self.ssm_state = {il: np.zeros((s.time_step_rank, s.state_size, s.state_size), F32) for il in deltanets}
-        self.on_moe = None
         self.on_state: Callable[[StateTrace], None] | None = None
-        self._shared_out: np.ndarray | None = None
+
+    def cached_layers(self) -> HParams:
+        """Only the attention layers keep a KV cache."""
+        return replace(self.hp, n_layer=len(self.kv_slot))
 
     # Model.moe emits the routed experts' MoETrace; a qwen35moe trace adds the layer's shared
     # expert output, which the forward computes just before the routed experts.

@@ -7,15 +7,24 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from importlib import metadata
 
 from ..errors import InputError
-from . import bench, build, check, compare, contract_test, golden, model
+from . import bench, build, check, compare, conformance, golden, model
 
-COMMANDS = (model, build, check, contract_test, golden, bench, compare)
+COMMANDS = (model, build, check, conformance, golden, bench, compare)
+
+
+def version() -> str:
+    try:
+        return metadata.version("epmci")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="epmci", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--version", action="version", version=f"epmci {version()}")
     sub = ap.add_subparsers(dest="command", required=True)
     for command in COMMANDS:
         command.add_parser(sub)

@@ -30,7 +30,7 @@ EXPERT_PARTS = ("gate", "up", "down")
 
 
 @dataclass(frozen=True)
-class SsmHparams:
+class SsmParams:
     """qwen35moe's Gated DeltaNet (ssm.* keys)."""
     conv_kernel: int      # Kc
     state_size: int       # ds: head dim of q, k and v
@@ -53,7 +53,7 @@ class SsmHparams:
 
 
 @dataclass(frozen=True)
-class Hparams:
+class HParams:
     n_layer: int
     n_ctx_train: int
     n_embd: int
@@ -72,7 +72,7 @@ class Hparams:
     rope_sections: tuple[int, ...] = ()    # qwen35moe multi-section RoPE
     n_ff_shexp: int = 0                    # shared expert FFN; 0 = no shared expert
     recurrent: tuple[bool, ...] = ()       # per layer: Gated DeltaNet (qwen35moe), else attention
-    ssm: SsmHparams | None = None
+    ssm: SsmParams | None = None
 
     def is_recurrent(self, layer: int) -> bool:
         return bool(self.recurrent) and self.recurrent[layer]
@@ -225,12 +225,12 @@ class ModelFile:
         value = field.contents()
         return value
 
-    def _hparams(self, arch: str) -> Hparams:
+    def _hparams(self, arch: str) -> HParams:
         p = arch + "."
         n_embd = int(self.meta(p + "embedding_length"))
         n_head = int(self.meta(p + "attention.head_count"))
         emb = self.tensor("token_embd.weight")
-        hp = Hparams(
+        hp = HParams(
             n_layer=int(self.meta(p + "block_count")),
             n_ctx_train=int(self.meta(p + "context_length")),
             n_embd=n_embd,
@@ -250,17 +250,17 @@ class ModelFile:
         hp = dataclasses.replace(hp, rope_dim=hp.head_dim)
         return self._qwen35_hparams(hp) if arch == QWEN35 else hp
 
-    def _check_counts(self, hp: Hparams) -> None:
+    def _check_counts(self, hp: HParams) -> None:
         if hp.n_expert <= 0 or not 0 < hp.n_expert_used <= hp.n_expert:
             raise InputError(self.path, f"bad expert counts: {hp.n_expert_used} of {hp.n_expert}")
         if hp.n_head % hp.n_head_kv:
             raise InputError(self.path, f"head_count {hp.n_head} not a multiple of head_count_kv {hp.n_head_kv}")
 
-    def _qwen35_hparams(self, base: Hparams) -> Hparams:
+    def _qwen35_hparams(self, base: HParams) -> HParams:
         """qwen35moe: the qwen3moe keys plus the ssm.* keys, rope sections, shared expert and
         layer kinds, read as llama.cpp's llama_model_qwen35moe::load_arch_hparams does."""
         p = QWEN35 + "."
-        ssm = SsmHparams(*(int(self.meta(p + "ssm." + k)) for k in
+        ssm = SsmParams(*(int(self.meta(p + "ssm." + k)) for k in
                            ("conv_kernel", "state_size", "group_count", "time_step_rank", "inner_size")))
         if ssm.inner_size != ssm.value_dim:
             raise InputError(self.path, f"{p}ssm.inner_size is {ssm.inner_size}, expected ssm.state_size "

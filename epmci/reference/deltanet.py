@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..gguf.file import ModelFile, SsmHparams
+from ..gguf.file import ModelFile, SsmParams
 from .ops import linear, rms_norm, sigmoid, silu, softplus, weights_f32
 
 F32 = np.float32
@@ -44,7 +44,7 @@ class DeltaNetState:
     ssm: np.ndarray    # (time_step_rank, state_size, state_size) float32, [j, m, i] = S_j[i][m]
 
     @classmethod
-    def zeros(cls, ssm: SsmHparams) -> "DeltaNetState":
+    def zeros(cls, ssm: SsmParams) -> "DeltaNetState":
         return cls(np.zeros((ssm.conv_dim, ssm.conv_kernel - 1), np.float32),
                    np.zeros((ssm.time_step_rank, ssm.state_size, ssm.state_size), np.float32))
 

@@ -35,6 +35,12 @@ class Suite(Protocol):
     def plan(self, ctx: CheckContext) -> list[Task | CheckResult]: ...
 
 
+def prompt_label(i: int, prompt: str, prefix: str = "prompt ") -> str:
+    """A result's name for the i-th prompt of a list: prefix, number, the prompt cut to 24."""
+    p = prompt if len(prompt) <= 24 else prompt[:21] + "..."
+    return f"{prefix}{i + 1} {p!r}"
+
+
 def run_failed(suite: str, names: list[str], run: EngineRun | None, what: str = "",
                reason: str | None = None) -> list[CheckResult]:
     """Every result that depended on a failed engine run fails with the run's reason (or

@@ -17,16 +17,11 @@ from ...contract.outputs import ContractError, read_logits
 from ...contract.runspec import LOGITS_FILE, STATS_FILE
 from ..context import CheckContext
 from ..result import FAIL, PASS, SKIP, CheckResult
-from .base import Task, run_failed
+from .base import Task, prompt_label, run_failed
 
 NAME = "e2e"
 # the suites that check the paged path, when the A/B does not run (--fast)
 PAGED_PATH_SUITES = ("kernel", "layer", "prefetch-stress", "determinism", "switches")
-
-
-def prompt_label(i: int, prompt: str) -> str:
-    p = prompt if len(prompt) <= 24 else prompt[:21] + "..."
-    return f"prompt {i + 1} {p!r}"
 
 
 class E2ESuite:

@@ -54,19 +54,14 @@ from ...perf.run import RunFailed, Scenario
 from ..capabilities import lacks
 from ..context import CheckContext
 from ..result import ERROR, FAIL, PASS, SKIP, CheckResult
-from .base import Task, run_failed
+from .base import Task, prompt_label, run_failed
 
 NAME = "perf"
 # settings that decide counters and fingerprints (threads and the RAM budget do not)
 COUNTER_SETTINGS = ("prompts", "n_predict", "batch", "ctx")
-def prompt_label(i: int, prompt: str) -> str:
-    p = prompt if len(prompt) <= 20 else prompt[:17] + "..."
-    return f"p{i + 1} {p!r}"
-
-
 def result_names(ctx: CheckContext, scen: str) -> list[str]:
     names = [f"{scen}: counters"]
-    names += [f"{scen}: fingerprint {prompt_label(i, p)}" for i, p in enumerate(ctx.cfg.perf.prompts)]
+    names += [f"{scen}: fingerprint {prompt_label(i, p, 'p')}" for i, p in enumerate(ctx.cfg.perf.prompts)]
     names += [f"{scen}: decode tok/s vs golden", f"{scen}: peak RSS"]
     return names
 
