@@ -29,7 +29,9 @@ def test_the_bundled_engine_speaks_the_contract(tmp_path, tiny_model):
     rc, rep = contract_test(tmp_path, tiny_model, None)
     res = {r["name"]: r for r in results(rep, "contract")}
     assert rc == 0, {n: r["message"] for n, r in res.items() if r["status"] != "pass"}
-    assert len(res) == 21 and all(r["status"] == "pass" for r in res.values())
+    assert len(res) == 24 and all(r["status"] == "pass" for n, r in res.items() if n != "flags of undeclared features")
+    assert res["flags of undeclared features"]["status"] == "skip"     # it declares every feature with a flag
+    assert "logits and text = the unpaced run's" in res["pacing"]["message"]
     assert [s["name"] for s in rep["suites"]] == ["contract"]
     assert res["contract-info"]["properties"]["features"] == ["moe_dump", "pacing", "pager", "profile",
                                                                "reference_exact", "selftest", "state_dump",
@@ -84,6 +86,22 @@ def test_the_bundled_engine_speaks_the_contract(tmp_path, tiny_model):
         import engine.runtime as R
         R.Engine.teacher_force = lambda self, tokens, n_prefill: self.eval(tokens, "prefill")
     """, "teacher forcing", "the stats count 55 prefill + 0 decode"),
+    # without --dump-logits it generates one token less (an output flag changing the run)
+    ("""
+        if "--dump-logits" not in sys.argv and "-n" in sys.argv:
+            i = sys.argv.index("-n") + 1
+            sys.argv[i] = str(int(sys.argv[i]) - 1)
+    """, "output flags change nothing", "an output flag changed the run"),
+    # declares no pager, but takes --arena-mb quietly (and ignores it)
+    ("""
+        import engine.contract_info as CI
+        CI.FEATURES = tuple(f for f in CI.FEATURES if f != "pager")
+    """, "flags of undeclared features", "--arena-mb (feature pager, not declared): exit 2 expected"),
+    # paced, it numbers its steps from 0
+    ("""
+        good = engine.cli.Pacer._send
+        engine.cli.Pacer._send = lambda self, **r: good(self, **({**r, "step": r["step"] - 1} if "step" in r else r))
+    """, "pacing", "the pacing protocol"),
 ])
 def test_an_engine_getting_one_sentence_wrong_fails_its_item(tmp_path, tiny_model, fault, item, words):
     rc, rep = contract_test(tmp_path, tiny_model, broken_engine(tmp_path, fault), "--items", item)

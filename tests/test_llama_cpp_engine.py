@@ -49,7 +49,7 @@ def test_the_gate_runs_what_the_outside_engine_can_take_and_skips_the_rest(tmp_p
     contract = statuses(rep, "contract")
     skipped = {n for n, s in contract.items() if s == "skip"}
     assert skipped == {"bad SDQ_* value", "arena below the minimum", "--no-pager stats", "selftest out of range",
-                       "MoE dump", "routing profile"}
+                       "MoE dump", "routing profile", "pacing"}
     assert all(s == "pass" for n, s in contract.items() if n not in skipped), contract
     perf = {r["name"]: r for r in results(rep, "perf")}
     assert perf["baseline: peak RSS"]["status"] == "pass"

@@ -34,11 +34,13 @@ from typing import Callable
 
 import numpy as np
 
+from ...compare.counters import counter_changes
 from ...compare.logits import compare_logits
 from ...contract.capabilities import FEATURES, INFO_FLAG, parse_contract_info
 from ...contract.inputs import write_tokens
-from ...contract.outputs import (STATS_FIELDS, ContractError, read_logits, read_moe_dump, read_profile, read_stats,
-                                 stats_fields)
+from ...contract.outputs import (STATS_FIELDS, ContractError, counters_of, read_logits, read_moe_dump, read_profile,
+                                 read_stats, stats_fields)
+from ...contract.pace import PacedEngine, PaceError
 from ...contract.process import EngineRun, run_engine
 from ...contract.runspec import LOGITS_FILE, STATS_FILE, RunSpec, selftest_args
 from ...errors import InputError
@@ -47,7 +49,7 @@ from ...reference.tokenizer import ReferenceTokenizer
 from ..capabilities import engine_for_model, lacks
 from ..context import CheckContext
 from ..reference_runs import whole_model
-from ..result import FAIL, PASS, CheckResult
+from ..result import FAIL, PASS, SKIP, CheckResult
 from .base import Task
 
 NAME = "contract"
@@ -114,7 +116,10 @@ class ContractSuite:
             "-n 1": ((), lambda ctx, n: self.no_decode(ctx, n, 1)),
             "end of generation": ((), self.end_of_generation),
             "seeded sampling": ((), self.sampling),
+            "output flags change nothing": ((), self.output_flags),
+            "flags of undeclared features": ((), self.undeclared_flags),
             "teacher forcing": (("teacher_forcing",), self.teacher_forcing),
+            "pacing": (("pacing",), self.pacing),
             "bad SDQ_* value": (("pager",), self.bad_env),
             "arena below the minimum": (("pager",), self.small_arena),
             "--no-pager stats": (("pager",), self.resident_stats),
@@ -157,7 +162,7 @@ class ContractSuite:
             r.problem = r.run.failure()
             return r
         try:
-            r.rows = read_logits(out / LOGITS_FILE)
+            r.rows = read_logits(out / LOGITS_FILE) if spec.dump_logits else None
             r.stats = read_stats(out / STATS_FILE)
         except ContractError as e:
             r.problem = f"output unusable: {e}"
@@ -441,6 +446,75 @@ class ContractSuite:
             p.need(P <= len(a.rows) <= P + G - 1, f"{len(a.rows)} logits rows for a {P}-token prompt and at most "
                                                   f"{G} generated tokens")
         return p.result(f"--temp {temp} --seed {seed}: two runs, the same text and logits")
+
+    def output_flags(self, ctx: CheckContext, name: str) -> CheckResult:
+        """The generation without --dump-logits: the same text and the same exact counters."""
+        p, g = Probe(ctx, name), self.generation(ctx)
+        spec = dataclasses.replace(ctx.spec(ctx.cfg.contract.text, n_predict=ctx.cfg.contract.n_predict),
+                                   dump_logits=False)
+        r = self.run(ctx, "no logits", spec)
+        if self.used(p, g) and self.used(p, r):
+            p.need(r.run.stdout == g.run.stdout, f"without --dump-logits the engine printed {r.run.stdout[:80]!r}, "
+                                                 f"with it {g.run.stdout[:80]!r}: an output flag changed the run")
+            changes = counter_changes(counters_of(g.stats), counters_of(r.stats))
+            p.need(not changes, "without --dump-logits the exact counters differ: "
+                                + "; ".join(c.text() for c in changes[:3]))
+        return p.result("with and without --dump-logits: the same text and exact counters")
+
+    def undeclared_flags(self, ctx: CheckContext, name: str) -> CheckResult:
+        """Each flag of a feature the engine does not declare is refused as an unknown flag."""
+        out = ctx.dir("contract-undeclared")
+        flags = {"pager": ["--arena-mb", "64"], "selftest": ["--selftest", f"0:0:1:{out / 'st.bin'}"],
+                 "profile": ["--profile-out", str(out / "routing.profile")],
+                 "teacher_forcing": ["--tokens-in", str(out / "tokens.bin")], "pacing": ["--pace-fds", "0,1"]}
+        missing = [f for f in flags if not ctx.engine.has(f)]
+        if not missing:
+            return CheckResult(NAME, name, SKIP, "the engine declares every feature that has a flag: nothing to probe")
+        base = ["-m", str(ctx.model_path), "-p", ctx.cfg.contract.text, "-n", "2", "--no-chat"]
+        results = [self.refusal(ctx, name, base + flags[f], [flags[f][0]], why=f"{flags[f][0]} (feature {f}, "
+                                                                               f"not declared)") for f in missing]
+        bad = [r for r in results if r.status != PASS]
+        if bad:
+            return bad[0]
+        return CheckResult(NAME, name, PASS, f"refused, one line each: {', '.join(flags[f][0] for f in missing)} "
+                                             f"(features {', '.join(missing)} not declared)",
+                           {"probed": missing}, sum(r.seconds for r in results))
+
+    def pacing(self, ctx: CheckContext, name: str) -> CheckResult:
+        """A paced generation: ready, one step report per decode step, end; then the same run as
+        without pacing, byte for byte."""
+        p, g = Probe(ctx, name), self.generation(ctx)
+        if not self.used(p, g):
+            return p.result("")
+        out = ctx.dir("contract-pacing")
+        for f in (STATS_FILE, LOGITS_FILE):
+            (out / f).unlink(missing_ok=True)
+        spec = ctx.spec(ctx.cfg.contract.text, n_predict=ctx.cfg.contract.n_predict)
+        paced = PacedEngine(ctx.engine, ctx.model_path, spec, out, timeout=ctx.cfg.engine.timeout_s,
+                            label=f"contract {name}")
+        try:
+            paced.wait_ready()
+            while paced.step() is not None:
+                pass
+            run = paced.finish()
+        except PaceError as e:
+            if e.run is not None:
+                p.runs.append(e.run)
+            p.need(False, f"the pacing protocol: {e.reason}")
+            return p.result("")
+        p.runs.append(run)
+        steps = (self.phases(g.stats).get("decode") or {}).get("tokens", 0)
+        p.props.update(steps=len(paced.steps), decode_tokens=steps)
+        if p.need(run.ok, f"the paced run failed: {run.failure()}"):
+            p.need(len(paced.steps) == steps, f"{len(paced.steps)} step reports for {steps} decode steps")
+            try:
+                rows = read_logits(out / LOGITS_FILE)
+                p.need(rows.tobytes() == g.rows.tobytes() and run.stdout == g.run.stdout,
+                       f"paced, the run must be the same run byte for byte: text or logits differ "
+                       f"({compare_logits(g.rows, rows).text()})")
+            except ContractError as e:
+                p.need(False, f"the paced run's output is unusable: {e}")
+        return p.result(f"ready, {len(paced.steps)} step reports, end; logits and text = the unpaced run's")
 
     # -------------------------------------------------------------- features
 
