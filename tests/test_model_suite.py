@@ -29,6 +29,35 @@ def test_the_bundled_engine_passes_at_every_position(tmp_path, tiny_model):
     assert p["decode_steps"] >= 2 and "byte-identical" in res[1]["message"]
 
 
+@pytest.mark.parametrize("reference_exact", [True, False])
+def test_a_router_perturbed_in_one_layer_is_named_by_the_routing_agreement(tmp_path, tiny_model, reference_exact):
+    """Layer 2's router logits nudged: routing drifts there first. Whether the logits verdict
+    fails (exact) or not (an engine compared within the tolerance), the report names layer 2
+    as where the engine's routing first leaves the reference's -- console message and
+    properties alike."""
+    patch = """
+        import engine.model as M
+        good = M.Model.route
+        def route(self, il, h):
+            if il != 2:
+                return good(self, il, h)
+            probs = M.ops.softmax(self._mm(f"blk.{il}.ffn_gate_inp.weight", h) * np.float32(1.0) +
+                                  np.linspace(0, 0.5, self.hp.n_expert, dtype=np.float32))
+            sel = np.argsort(-probs, axis=-1, kind="stable")[:, :self.hp.n_expert_used].astype(np.int32)
+            w = np.take_along_axis(probs, sel, axis=-1)
+            return sel, (w / w.sum(axis=-1, keepdims=True, dtype=np.float32)).astype(np.float32)
+        M.Model.route = route
+    """
+    rc, rep = run_check(tmp_path, tiny_model, broken_engine(tmp_path, patch, reference_exact=reference_exact), *SUITE,
+                        "--set", "model_suite.max_kl=1")
+    prompt = results(rep, "model")[0]
+    p = prompt["properties"]
+    assert p["routing_first_divergent_layer"] == 2 and p["routing_agreement"][:2] == [1.0, 1.0], p
+    assert p["routing_agreement"][2] < 1.0
+    assert "routing first diverges at layer 2" in prompt["message"], prompt["message"]
+    assert (rc == 1) == reference_exact
+
+
 def test_rope_wrong_beyond_a_position_is_located(tmp_path, tiny_model):
     """RoPE angles off from position 100 on: short prompts never get there."""
     st, msg = model_results(tmp_path, tiny_model, """

@@ -49,6 +49,7 @@ from ...reference.tokenizer import ReferenceTokenizer
 from ..capabilities import lacks
 from ..context import CheckContext
 from ..reference_runs import whole_model
+from ..routing import routing_agreement
 from ..state_check import STATE_FILE, StateVerdict, compare_states, deltanet_layers, read_states
 from ..result import FAIL, PASS, CheckResult
 from .base import Task, run_failed
@@ -136,14 +137,15 @@ class ModelSuite:
             return res.all_fail(f"logits rows have {rows.shape[1]} values, the model's vocabulary is "
                                 f"{ref.logits.shape[1]}")
         res.props["decode_steps"] = len(fed)
-        res.add(*self.span(ctx, out, ref, rows, 0, P, "prompt", rule, res.props))
+        routing = self._routing(ctx, out, ref.moe_in, len(tokens), res.props)
+        res.add(*self.span(ctx, out, ref, rows, 0, P, "prompt", rule, res.props, routing))
         if forced:
             res.add(*self.forced_decode(ctx, prompt_ids, given, ref.logits, rule, res.props))
         elif rows.shape[0] <= P:
             res.add(FAIL, f"no decode positions to compare (the engine decoded {len(fed) + 1} tokens, "
                           f"asked for {ms.n_predict})")
         else:
-            res.add(*self.span(ctx, out, ref, rows, P, rows.shape[0], "decode", rule, res.props))
+            res.add(*self.span(ctx, out, ref, rows, P, rows.shape[0], "decode", rule, res.props, routing))
         if states:
             tol = Tolerance() if rule.mode == "exact" else ctx.cfg.layer.tolerance
             v = (compare_states(dumped, ref.state, rows.shape[0], P, tol) if dumped
@@ -171,21 +173,35 @@ class ModelSuite:
             return rows, f"{rows.shape[0]} logits rows for a {P}-token prompt"
         return rows, None
 
+    @staticmethod
+    def _routing(ctx: CheckContext, out, ref_moe_in: np.ndarray, positions: int, props: dict) -> str:
+        """Per layer, how often the engine routed as the reference (from its MoE dump): a
+        sentence for the messages ("" without a dump), the numbers into props."""
+        if not ctx.engine.has("moe_dump"):
+            return ""
+        try:
+            agreement = routing_agreement(ctx.mf, out / "moe", ref_moe_in, positions)
+        except ContractError as e:
+            return f"; no routing agreement ({e})"
+        props.update(agreement.props())
+        return f"; {agreement.text()}"
+
     def span(self, ctx: CheckContext, out, ref, rows: np.ndarray, lo: int, hi: int, what: str, rule: LogitsRule,
-             props: dict) -> tuple[str, str]:
-        """Positions lo..hi-1 of the engine's own run against the reference."""
+             props: dict, routing: str = "") -> tuple[str, str]:
+        """Positions lo..hi-1 of the engine's own run against the reference; `routing` is
+        the routing agreement's sentence."""
         P = hi if what == "prompt" else lo
         diff = compare_logits(ref.logits[lo:hi], rows[lo:hi])
         props.update({f"{what}_{k}": v for k, v in diff.props().items()})
         span = f"positions {lo}..{hi - 1}" if what == "prompt" else f"decode steps at positions {lo}..{hi - 1}"
         if diff.passes(rule):
-            return PASS, f"{rule.text()}: {span}: {diff.text()}"
+            return PASS, f"{rule.text()}: {span}: {diff.text()}{routing}"
         first = lo + (diff.first_bad(rule) or 0)
         props[f"{what}_first_differing_position"] = first
         where = self._first_layer(ctx, out, ref.moe_in, first)
         step = "" if what == "prompt" else f" (decode step {first - P + 1})"
         return FAIL, (f"{span} differ from the reference ({rule.text()}): first at position {first}{step}; "
-                      f"{where}; {diff.text()}")
+                      f"{where}; {diff.text()}{routing}")
 
     @staticmethod
     def given_tokens(ctx: CheckContext) -> list[int]:
