@@ -75,7 +75,10 @@ def test_json_markdown_console_render_any_suite(tmp_path, monkeypatch):
     assert [s["name"] for s in d["suites"]] == ["kernel", "perf", "e2e"]
     assert d["suites"][0]["results"][1]["properties"]["suspect_experts"] == [3, 4]
     md = rep.markdown(report)
-    assert "## epmci check: FAIL" in md and "| perf | tok/s ci |" in md
+    assert "## epmci check: FAIL" in md and "### perf (" in md and "| tok/s ci |" in md
+    # the line that matters comes right after the verdict: the first failing check and why
+    first = md.splitlines()[2]
+    assert first.startswith("**kernel / L5 E63: ") and "max_abs_err 0.03" in first and "(and 1 more)" in first, first
     assert "skipped by --no-perf" in md and "<details>" in md
     con = rep.render_console(report, width=120)
     assert "L5 E63" in con and "Failures:" in con and "1 passed, 1 failed, 1 errors, 1 skipped" in con

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from ..check.result import ERROR, FAIL, PASS, SKIP, CheckReport
-from .text import STATUS_ICON, STATUS_LABEL, coverage, skipped_summary
+from .text import STATUS_ICON, STATUS_LABEL, coverage, headline, skipped_summary
 
 
 def _md(s: str) -> str:
@@ -16,9 +16,7 @@ def _md(s: str) -> str:
 def markdown(report: CheckReport) -> str:
     c = report.counts()
     icon = "✅" if report.exit_code == 0 else "❌"
-    out = [f"## epmci check: {report.verdict} {icon}", ""]
-    if report.tool_error:
-        out += [f"**The check could not run:** {_md(report.tool_error)}", ""]
+    out = [f"## epmci check: {report.verdict} {icon}", "", f"**{_md(headline(report))}**", ""]
     out.append(f"{c[PASS]} passed, {c[FAIL]} failed, {c[ERROR]} errors, {c[SKIP]} skipped "
                f"in {report.seconds:.1f} s")
     out += ["", _md(coverage(report))]
@@ -29,12 +27,16 @@ def markdown(report: CheckReport) -> str:
     facts = [f"{k}: `{m[k]}`" for k in ("model", "engine", "config") if k in m]
     if facts:
         out += ["", " · ".join(facts)]
-    out.append("")
-    out += ["| suite | check | status | time | result |", "|---|---|---|---:|---|"]
     for suite, results in report.by_suite().items():
+        n = {st: sum(r.status == st for r in results) for st in STATUS_LABEL}
+        tally = ", ".join(f"{k} {STATUS_LABEL[st].lower()}" for st, k in n.items() if k)
+        out += ["", f"### {suite} ({tally})", "", "| check | status | time | result |", "|---|---|---:|---|"]
         for r in results:
-            out.append(f"| {suite} | {_md(r.name)} | {STATUS_ICON[r.status]} {STATUS_LABEL[r.status]} "
+            out.append(f"| {_md(r.name)} | {STATUS_ICON[r.status]} {STATUS_LABEL[r.status]} "
                        f"| {r.seconds:.1f} s | {_md(r.message)} |")
+    plots = m.get("plots") or []
+    if plots:
+        out += ["", "Plots: " + " · ".join(f"[{Path(p).name}]({Path(p).name})" for p in plots)]
     skipped = [r for r in report.results if r.status == SKIP]
     if skipped:
         out.append("")

@@ -43,6 +43,23 @@ def coverage(report: CheckReport) -> str:
     return out
 
 
+def headline(report: CheckReport) -> str:
+    """The one line that matters: the first failing check and its reason, or how many
+    passed and how many were skipped (and the commonest reason)."""
+    if report.tool_error:
+        return f"the check could not run: {report.tool_error}"
+    bad = [r for r in report.results if r.status in (FAIL, ERROR)]
+    if bad:
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        return f"{bad[0].suite} / {bad[0].name}: {bad[0].message}{more}"
+    c = report.counts()
+    skipped = [r for r in report.results if r.status == SKIP]
+    why = Counter(r.message for r in skipped).most_common(1)
+    reason = f" ({why[0][0] if len(why[0][0]) <= 120 else why[0][0][:117] + '...'}" \
+             f"{', ...' if len(set(r.message for r in skipped)) > 1 else ''})" if why else ""
+    return f"{c[PASS]} checks passed, {c[SKIP]} skipped{reason}"
+
+
 def skipped_summary(report: CheckReport, reasons: int = 3) -> str | None:
     """How many checks were skipped and why (the commonest reasons first): said at the top
     of a summary, because a skipped comparison is one the gate did not make."""
