@@ -272,3 +272,21 @@ def test_runner_plugs_in_a_suite_and_fails_closed(monkeypatch, tiny_model, tmp_p
     rep.write_junit(report, path)
     validate_junit(path)
     assert "perf" in rep.markdown(report) and json.loads(rep.json_string(report))["suites"][0]["name"] == "perf"
+
+
+def test_progress_names_the_engine_runs_going_on_while_nothing_else_is_printed():
+    """A long engine run never looks like a hang: with nothing printed for `every` seconds,
+    the progress says which runs are going and for how long; its thread stops on exit."""
+    import io
+    import sys
+    from epmci.contract.process import EngineCommand, run_engine
+    out = io.StringIO()
+    engine = EngineCommand((sys.executable, "-c", "import time; time.sleep(1.2)"), False)
+    with rep.ConsoleProgress(out, every=0.3) as progress:
+        run = run_engine(engine, [], timeout=30, label="model teacher-forced")
+        progress.note("done")
+    assert run.ok
+    lines = out.getvalue().splitlines()
+    beats = [l for l in lines if "... running: model teacher-forced (" in l]
+    assert beats and lines[-1] == "done", lines
+    assert not progress._thread.is_alive()

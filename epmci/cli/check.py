@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 
 from .. import report as rep
@@ -25,8 +26,9 @@ def run(a: argparse.Namespace) -> int:
     progress = None if a.quiet else rep.ConsoleProgress(out)
     print(f"epmci check: model {cfg.model}, engine {'bundled' if cfg.engine.cmd is None else cfg.engine.cmd}, "
           f"suites {','.join(cfg.suites)}{' (--fast)' if cfg.fast else ''}, config {cfg.source}", flush=True)
-    report = run_check(cfg, progress, build=not a.no_build, workdir=a.workdir, keep_work=a.keep_work,
-                       note=None if a.quiet else (lambda s: print(s, flush=True)))
+    with progress or contextlib.nullcontext():       # its heartbeat names the engine runs going on
+        report = run_check(cfg, progress, build=not a.no_build, workdir=a.workdir, keep_work=a.keep_work,
+                           note=progress.note if progress else None)
     print(file=out)
     print(rep.render_console(report), file=out, flush=True)
     if a.junit_xml:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 
@@ -53,8 +54,10 @@ def update(a: argparse.Namespace) -> int:
         raise InputError("--repeat", f"at least 3 timed runs are needed for a baseline, got {repeats}")
     out = sys.stdout
     say = (lambda s: None) if a.quiet else (lambda s: print(s, file=out, flush=True))
-    u = update_golden(cfg, a.reason.strip(), timing=not a.no_timing, repeats=repeats, build=not a.no_build,
-                      progress=None if a.quiet else rep.ConsoleProgress(out), say=say)
+    progress = None if a.quiet else rep.ConsoleProgress(out)
+    with progress or contextlib.nullcontext():
+        u = update_golden(cfg, a.reason.strip(), timing=not a.no_timing, repeats=repeats, build=not a.no_build,
+                          progress=progress, say=say)
     if u.report.tool_error:
         print(f"epmci: error: {u.report.tool_error}", file=sys.stderr)
         return 2

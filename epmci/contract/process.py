@@ -12,6 +12,7 @@ import os
 import shlex
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -149,6 +150,17 @@ def _launch(cmd: EngineCommand, args: list[str], env: dict[str, str] | None,
     return argv, extra, base_env(extra)
 
 
+_running: dict[int, tuple[str, float]] = {}     # id -> (label, start): the engine runs going now
+_running_lock = threading.Lock()
+
+
+def running() -> list[tuple[str, float]]:
+    """(label, seconds so far) of every engine run going now, longest first (for progress)."""
+    now = time.perf_counter()
+    with _running_lock:
+        return sorted(((label, now - t0) for label, t0 in _running.values()), key=lambda x: -x[1])
+
+
 def run_engine(cmd: EngineCommand, args: list[str], *, timeout: float, label: str = "",
                env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None,
                threads: int = 1) -> EngineRun:
@@ -163,6 +175,9 @@ def run_engine(cmd: EngineCommand, args: list[str], *, timeout: float, label: st
     except OSError as e:
         return EngineRun(label, argv, extra, None, b"", "", time.perf_counter() - t0, timeout,
                          launch_error=f"{type(e).__name__}: {e}")
+    key = id(p)
+    with _running_lock:
+        _running[key] = (label or shlex.join(argv[-3:]), t0)
     timed_out = False
     try:
         out, err = p.communicate(timeout=timeout)
@@ -174,6 +189,9 @@ def run_engine(cmd: EngineCommand, args: list[str], *, timeout: float, label: st
         _kill_group(p)
         p.communicate()
         raise
+    finally:
+        with _running_lock:
+            _running.pop(key, None)
     return EngineRun(label, argv, extra, p.returncode, out, err.decode("utf-8", "replace"),
                      time.perf_counter() - t0, timeout, timed_out)
 

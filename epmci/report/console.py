@@ -5,32 +5,67 @@ from __future__ import annotations
 
 import shutil
 import sys
+import threading
+import time
 from typing import TextIO
 
 from ..check.result import ERROR, FAIL, PASS, SKIP, CheckReport, CheckResult
+from ..contract.process import running
 from .text import STATUS_LABEL, coverage, skipped_summary
 
 
 class ConsoleProgress:
-    """One line per result as it comes in: `[ 3/17] kernel  L5 E63  PASS  2.1s  message`."""
+    """One line per result as it comes in: `[ 3/17] kernel  L5 E63  PASS  2.1s  message`;
+    and while nothing has been printed for `every` seconds, a line naming the engine runs
+    still going (`... running: model (34 s), switches default (12 s)`), so a long step never
+    looks like a hang. Use it as a context manager (the heartbeat thread stops on exit)."""
 
-    def __init__(self, stream: TextIO | None = None, total: int = 0):
+    def __init__(self, stream: TextIO | None = None, total: int = 0, every: float = 10.0):
         self.stream = stream or sys.stdout
         self.total = total
         self.done = 0
+        self.every = every
+        self._last = time.monotonic()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> "ConsoleProgress":
+        self._thread = threading.Thread(target=self._heartbeat, name="epmci-progress", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join()
 
     def planned(self, total: int) -> None:
         self.total = total
 
     def note(self, text: str) -> None:
-        print(text, file=self.stream, flush=True)
+        self._print(text)
 
     def __call__(self, r: CheckResult) -> None:
         self.done += 1
         w = len(str(self.total or self.done))
         msg = r.message if len(r.message) <= 110 else r.message[:107] + "..."
-        print(f"[{self.done:>{w}}/{self.total or '?'}] {r.suite:<15} {r.name:<24} "
-              f"{STATUS_LABEL[r.status]:<5} {r.seconds:6.1f}s  {msg}", file=self.stream, flush=True)
+        self._print(f"[{self.done:>{w}}/{self.total or '?'}] {r.suite:<15} {r.name:<24} "
+                    f"{STATUS_LABEL[r.status]:<5} {r.seconds:6.1f}s  {msg}")
+
+    def _print(self, line: str) -> None:
+        with self._lock:
+            print(line, file=self.stream, flush=True)
+            self._last = time.monotonic()
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(min(1.0, self.every)):
+            if time.monotonic() - self._last < self.every:
+                continue
+            runs = running()
+            if runs:
+                shown = ", ".join(f"{label} ({secs:.0f} s)" for label, secs in runs[:4])
+                self._print(f"    ... running: {shown}{f' and {len(runs) - 4} more' if len(runs) > 4 else ''}")
 
 
 def render_console(report: CheckReport, width: int | None = None) -> str:
