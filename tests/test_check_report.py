@@ -290,3 +290,36 @@ def test_progress_names_the_engine_runs_going_on_while_nothing_else_is_printed()
     beats = [l for l in lines if "... running: model teacher-forced (" in l]
     assert beats and lines[-1] == "done", lines
     assert not progress._thread.is_alive()
+
+
+def plot_report() -> CheckReport:
+    r = CheckReport(suites=[SuiteInfo("model", "model"), SuiteInfo("perf", "perf")], meta={})
+    r.results = [
+        CheckResult("model", "prompt positions", "fail", "positions 0..9 differ", {
+            "mode": "kl", "max_kl_allowed": 0.01, "prompt_kl": [1e-4] * 5 + [0.05] * 5, "decode_kl": [0.02, 0.03],
+            "prompt_first_differing_position": 5, "teacher_forced": True}, order=1),
+        CheckResult("perf", "base: tok/s", "pass", "SAME", {
+            "pair_ratios": [0.99, 1.01, 1.0, 1.02, 0.98, 1.0], "ci_low": 0.985, "ci_high": 1.012,
+            "min_effect": 0.05, "verdict": "SAME"}, order=2),
+    ]
+    return r
+
+
+def test_plots_are_drawn_next_to_the_reports_and_linked(tmp_path):
+    pytest.importorskip("matplotlib")          # a [test] dependency; the no-matplotlib path is the next test
+    report = plot_report()
+    plots, note = rep.write_plots(report, tmp_path)
+    assert note is None and sorted(p.name for p in plots) == ["model-prompt-positions.svg", "perf-base--tok-s.svg"]
+    assert all(p.read_text().lstrip().startswith("<?xml") and "<svg" in p.read_text() for p in plots)
+    report.meta["plots"] = [str(p) for p in plots]
+    assert "[model-prompt-positions.svg](model-prompt-positions.svg)" in rep.markdown(report)
+
+
+def test_without_matplotlib_no_plots_and_the_summary_says_why(tmp_path, monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "matplotlib", None)      # import matplotlib raises ImportError
+    report = plot_report()
+    plots, note = rep.write_plots(report, tmp_path)
+    assert plots == [] and "matplotlib is not installed" in note and not list(tmp_path.iterdir())
+    report.meta["plots_note"] = note
+    assert "epmci[plots]" in rep.markdown(report)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
+from pathlib import Path
 
 from .. import report as rep
 from ..check.runner import run_check
@@ -31,6 +32,12 @@ def run(a: argparse.Namespace) -> int:
                            note=progress.note if progress else None)
     print(file=out)
     print(rep.render_console(report), file=out, flush=True)
+    reports_dir = next((Path(f).parent for f in (a.junit_xml, a.json) if f), None)
+    if reports_dir is not None:                 # pictures next to the reports, linked from the summary
+        plots, note = rep.write_plots(report, reports_dir)
+        report.meta["plots"] = [str(p) for p in plots]
+        if note:
+            report.meta["plots_note"] = note
     if a.junit_xml:
         rep.write_junit(report, a.junit_xml)
     if a.json:

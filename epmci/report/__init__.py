@@ -5,7 +5,8 @@ from .console import ConsoleProgress, render_console, summary_line
 from .data import json_string, write_json
 from .junit import junit_string, write_junit
 from .markdown import append_step_summary, markdown
+from .plots import write_plots
 from .text import fmt_value
 
-__all__ = ["ConsoleProgress", "append_step_summary", "fmt_value", "json_string", "junit_string", "markdown",
+__all__ = ["ConsoleProgress", "append_step_summary", "fmt_value", "json_string", "junit_string", "markdown", "write_plots",
            "render_console", "summary_line", "write_json", "write_junit"]

@@ -36,7 +36,10 @@ def markdown(report: CheckReport) -> str:
                        f"| {r.seconds:.1f} s | {_md(r.message)} |")
     plots = m.get("plots") or []
     if plots:
-        out += ["", "Plots: " + " · ".join(f"[{Path(p).name}]({Path(p).name})" for p in plots)]
+        out += ["", "Plots (next to the JUnit file, in the reports artifact): "
+                + " · ".join(f"[{Path(p).name}]({Path(p).name})" for p in plots)]
+    elif m.get("plots_note"):
+        out += ["", f"_{_md(m['plots_note'])}_"]
     skipped = [r for r in report.results if r.status == SKIP]
     if skipped:
         out.append("")

@@ -193,6 +193,7 @@ class ModelSuite:
         P = hi if what == "prompt" else lo
         diff = compare_logits(ref.logits[lo:hi], rows[lo:hi])
         props.update({f"{what}_{k}": v for k, v in diff.props().items()})
+        props[f"{what}_kl"] = [float(f"{x:.3g}") for x in diff.kl]       # per position: the report's plot
         span = f"positions {lo}..{hi - 1}" if what == "prompt" else f"decode steps at positions {lo}..{hi - 1}"
         if diff.passes(rule):
             return PASS, f"{rule.text()}: {span}: {diff.text()}{routing}"
@@ -233,7 +234,8 @@ class ModelSuite:
                           f"{rows.shape[0]} logits rows and evaluated {evaluated.get('prefill', 0)} prefill + "
                           f"{evaluated.get('decode', 0)} decode positions (docs/engine-contract.md, Teacher forcing)")
         whole, decode = compare_logits(ref_logits[:P], rows[:P]), compare_logits(ref_logits[P:], rows[P:])
-        props.update({f"decode_{k}": v for k, v in decode.props().items()}, decode_steps=ms.n_predict)
+        props.update({f"decode_{k}": v for k, v in decode.props().items()}, decode_steps=ms.n_predict,
+                     decode_kl=[float(f"{x:.3g}") for x in decode.kl])
         if not whole.passes(rule):
             return FAIL, (f"teacher-forced: the prompt positions of the --tokens-in run differ from the reference "
                           f"({rule.text()}): {whole.text()}")
