@@ -55,12 +55,7 @@ def _model_kl(plt, r: CheckResult):
     first = p.get("prompt_first_differing_position", p.get("decode_first_differing_position"))
     if first is not None:
         ax.axvline(first, color="grey", ls="--", lw=1, label=f"first failing position {first}")
-    ax.set_xlabel("position")
-    ax.set_ylabel("KL(reference || engine), nats")
-    ax.set_title(f"model suite, {p.get('mode', '')}: {r.status}")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    return fig
+    return _labelled(fig, ax, "position", "KL(reference || engine), nats", f"model suite, {p.get('mode', '')}: {r.status}")
 
 
 def _paced_ratios(plt, r: CheckResult):
@@ -76,9 +71,13 @@ def _paced_ratios(plt, r: CheckResult):
         for y in (1 - p["min_effect"], 1 + p["min_effect"]):
             ax.axhline(y, color="red", lw=1, ls=":")
     ax.axhline(1.0, color="black", lw=0.8)
-    ax.set_xlabel("process pair")
-    ax.set_ylabel("decode tok/s, head / base")
-    ax.set_title(f"{r.name}: {p.get('verdict', r.status)}")
+    return _labelled(fig, ax, "process pair", "decode tok/s, head / base", f"{r.name}: {p.get('verdict', r.status)}")
+
+
+def _labelled(fig, ax, xlabel: str, ylabel: str, title: str):
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
