@@ -51,6 +51,10 @@ def build_result(b: BuildResult) -> CheckResult:
                        b.stderr_tail, b.details)
 
 
+class ToolError(Exception):
+    """epmci cannot run the check (exit 2): the reason goes into the report's tool_error."""
+
+
 def run_check(cfg: CheckConfig, progress: Progress | None = None, *, build: bool = True,
               workdir: str | os.PathLike | None = None, keep_work: bool = False,
               note: Callable[[str], None] | None = None) -> CheckReport:
@@ -64,75 +68,94 @@ def run_check(cfg: CheckConfig, progress: Progress | None = None, *, build: bool
     report.meta.update(config=cfg.source, engine=engine.describe(), fast=cfg.fast, jobs=jobs,
                        suites=",".join(cfg.suites), host=platform.node(), python=platform.python_version())
 
-    def done() -> CheckReport:
-        report.seconds = time.perf_counter() - t_start
-        return report
+    def emit(r: CheckResult) -> None:
+        report.results.append(r)
+        if progress:
+            progress(r)
 
+    wd: Path | None = None
     try:
-        if cfg.model in PRESETS and not Path(cfg.model).exists():
-            if not cached_model_path(cfg.model).exists():
-                say(f"making the {cfg.model!r} preset model (first use) ...")
-        model_path = resolve_model(cfg.model)
-        mf = ModelFile(model_path)
-    except InputError as e:
-        report.tool_error = f"{e.where}: {e.problem}"
-        return done()
-    report.meta.update(model=str(model_path), model_setting=cfg.model)
+        model_path, mf = _model(cfg, say)
+        report.meta.update(model=str(model_path), model_setting=cfg.model)
+        wd = _workdir(workdir)
+        report.meta["workdir"] = str(wd)
+        if build:        # first: an external engine may only exist once built
+            _build(cfg, engine, model_path, mf, wd, report, emit, say)
+        ctx = _context(cfg, engine, model_path, mf, wd, report)
+        _run_suites(ctx, cfg, jobs, report, emit, progress, say)
+        refusal = engine_refuses_everything(report.results)
+        if refusal:
+            raise ToolError(f"the engine refused every run (exit 2): {refusal}")
+    except ToolError as e:
+        report.tool_error = str(e)
+    finally:
+        report.seconds = time.perf_counter() - t_start
+        if wd is not None:
+            if keep_work or not report.passed:
+                report.meta["workdir_kept"] = True
+            else:
+                shutil.rmtree(wd, ignore_errors=True)
+    return report
 
+
+def _model(cfg: CheckConfig, say: Callable[[str], None]) -> tuple[Path, ModelFile]:
+    """The check's model file (a preset is made on first use), validated."""
+    try:
+        if cfg.model in PRESETS and not Path(cfg.model).exists() and not cached_model_path(cfg.model).exists():
+            say(f"making the {cfg.model!r} preset model (first use) ...")
+        model_path = resolve_model(cfg.model)
+        return model_path, ModelFile(model_path)
+    except InputError as e:
+        raise ToolError(f"{e.where}: {e.problem}") from None
+
+
+def _workdir(workdir: str | os.PathLike | None) -> Path:
     base = Path(workdir) if workdir else None
     if base:
         base.mkdir(parents=True, exist_ok=True)
-    wd = Path(tempfile.mkdtemp(prefix="epmci-check-", dir=base))
-    report.meta["workdir"] = str(wd)
-    try:
-        def emit(r: CheckResult) -> None:
-            report.results.append(r)
-            if progress:
-                progress(r)
+    return Path(tempfile.mkdtemp(prefix="epmci-check-", dir=base))
 
-        if build:        # first: an external engine may only exist once built
-            say(f"building {engine.describe()} ...")
-            b = build_for_check(cfg, engine, model_path, ModelFacts.of(mf, cfg.run.slot_align, cfg.run.slot_windows), wd)
-            report.suites.append(SuiteInfo("build", "engine build"))
-            report.meta["build_seconds"] = round(b.seconds, 3)
-            emit(build_result(b))
-            if not b.ok:
-                report.tool_error = f"engine build failed: {b.message}"
-                return done()
-        caps, why = declared(cfg, engine)
-        if caps is None:
-            report.tool_error = why
-            return done()
-        report.meta["engine_contract"] = caps.to_dict()
-        unusable = engine_for_model(caps, mf)
-        if unusable:
-            report.tool_error = f"{model_path}: {unusable}"
-            return done()
-        ctx = CheckContext(cfg, model_path, mf, engine.with_features(caps.features), wd, caps)
-        report.meta["suites_not_selected"] = [s for s in SUITES if s not in cfg.suites]
-        try:
-            suites, ready, tasks = _plan(ctx, cfg)
-        except InputError as e:        # a suite's input is unusable (e.g. a corrupt golden file): exit 2
-            report.tool_error = f"{e.where}: {e.problem}"
-            return done()
-        n_checks = len(ready) + sum(max(1, len(t.names)) for _, t in tasks)
-        planned = getattr(progress, "planned", None)
-        if planned:
-            planned(n_checks + len(report.results))
-        report.suites += suites
-        for r in ready:
-            emit(r)
-        say(f"{len(tasks)} tasks ({n_checks - len(ready)} checks) on {jobs} worker(s)")
-        _execute(tasks, jobs, emit)
-        refusal = engine_refuses_everything(report.results)
-        if refusal:
-            report.tool_error = f"the engine refused every run (exit 2): {refusal}"
-        return done()
-    finally:
-        if keep_work or not report.passed:
-            report.meta["workdir_kept"] = True
-        else:
-            shutil.rmtree(wd, ignore_errors=True)
+
+def _build(cfg: CheckConfig, engine: EngineCommand, model_path: Path, mf: ModelFile, wd: Path,
+           report: CheckReport, emit: Progress, say: Callable[[str], None]) -> None:
+    say(f"building {engine.describe()} ...")
+    b = build_for_check(cfg, engine, model_path, ModelFacts.of(mf, cfg.run.slot_align, cfg.run.slot_windows), wd)
+    report.suites.append(SuiteInfo("build", "engine build"))
+    report.meta["build_seconds"] = round(b.seconds, 3)
+    emit(build_result(b))
+    if not b.ok:
+        raise ToolError(f"engine build failed: {b.message}")
+
+
+def _context(cfg: CheckConfig, engine: EngineCommand, model_path: Path, mf: ModelFile, wd: Path,
+             report: CheckReport) -> CheckContext:
+    """The suites' context: the engine with what it declared, on a model it says it runs."""
+    caps, why = declared(cfg, engine)
+    if caps is None:
+        raise ToolError(why)
+    report.meta["engine_contract"] = caps.to_dict()
+    unusable = engine_for_model(caps, mf)
+    if unusable:
+        raise ToolError(f"{model_path}: {unusable}")
+    return CheckContext(cfg, model_path, mf, engine.with_features(caps.features), wd, caps)
+
+
+def _run_suites(ctx: CheckContext, cfg: CheckConfig, jobs: int, report: CheckReport, emit: Progress,
+                progress: Progress | None, say: Callable[[str], None]) -> None:
+    report.meta["suites_not_selected"] = [s for s in SUITES if s not in cfg.suites]
+    try:
+        suites, ready, tasks = _plan(ctx, cfg)
+    except InputError as e:        # a suite's input is unusable (e.g. a corrupt golden file): exit 2
+        raise ToolError(f"{e.where}: {e.problem}") from None
+    n_checks = len(ready) + sum(max(1, len(t.names)) for _, t in tasks)
+    planned = getattr(progress, "planned", None)
+    if planned:
+        planned(n_checks + len(report.results))
+    report.suites += suites
+    for r in ready:
+        emit(r)
+    say(f"{len(tasks)} tasks ({n_checks - len(ready)} checks) on {jobs} worker(s)")
+    _execute(tasks, jobs, emit)
 
 
 REFUSED = "engine refused to run (exit 2): "
