@@ -26,17 +26,19 @@ def test_the_wheel_installs_into_a_fresh_venv_and_gates_from_outside_the_checkou
     r = run([sys.executable, "-m", "twine", "check", "--strict", *wheel, *sdist], timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
 
+    # nothing of the checkout on the path: no PYTHONPATH (pip would take a source tree on it
+    # for the installed distribution), the venv's own numba cache (next to the installed
+    # engine); the model cache is shared
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "NUMBA_CACHE_DIR", "CI", "GITHUB_ACTIONS", "VIRTUAL_ENV")}
+    env["EPMCI_CACHE_DIR"] = str(Path(ci_model).parent.parent)
     venv = tmp_path / "venv"
-    assert run([sys.executable, "-m", "venv", venv], timeout=300).returncode == 0
-    r = run([venv / "bin" / "python", "-m", "pip", "install", "--quiet", wheel[0]], timeout=900)
+    assert run([sys.executable, "-m", "venv", venv], env=env, timeout=300).returncode == 0
+    r = run([venv / "bin" / "python", "-m", "pip", "install", "--quiet", wheel[0]], env=env, timeout=900)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
 
     outside = tmp_path / "elsewhere"
     outside.mkdir()
-    # the venv's own numba cache (next to the installed engine); the model cache is shared
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "NUMBA_CACHE_DIR", "CI", "GITHUB_ACTIONS", "VIRTUAL_ENV")}
-    env["EPMCI_CACHE_DIR"] = str(Path(ci_model).parent.parent)
     r = run([venv / "bin" / "epmci", "--version"], cwd=outside, env=env, timeout=60)
     assert r.returncode == 0 and r.stdout.startswith("epmci "), r.stdout + r.stderr
     junit = outside / "junit.xml"

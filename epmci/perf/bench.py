@@ -29,7 +29,7 @@ from ..gguf.file import ModelFile
 from ..synth.store import resolve_model
 from ..units import MiB
 from .machine import fingerprint
-from .measure import Measurement, measure
+from .measure import Measurement, measure, unstable
 
 Progress = Callable[[str], None]
 
@@ -48,8 +48,7 @@ def summarize(exp: Experiment, runs: list[list[Measurement]], prompts: list[str]
     hits, misses = _agg(first, "hits"), _agg(first, "misses")
     issued, used = _agg(first, "prefetch_issued"), _agg(first, "prefetch_used")
     tokens = _agg(first, "tokens")
-    unstable = [i for i in range(len(prompts))
-                if len({(rep[i].logits_sha256, json.dumps(rep[i].counters, sort_keys=True)) for rep in runs}) > 1]
+    not_reproduced = [i for i in range(len(prompts)) if unstable([rep[i] for rep in runs])]
     return {
         "name": exp.name, "args": exp.args, "env": exp.env, "note": exp.note,
         "tok_s": statistics.median(per_repeat_tok_s),
@@ -69,8 +68,8 @@ def summarize(exp: Experiment, runs: list[list[Measurement]], prompts: list[str]
         "decode_tokens": tokens,
         "fingerprints": [m.fingerprint() for m in first],
         "counters": [m.counters for m in first],
-        "stable": not unstable,
-        "unstable_prompts": unstable,
+        "stable": not not_reproduced,
+        "unstable_prompts": not_reproduced,
         "repeats": len(runs),
         # CPU other processes took during each run (%): a high figure explains a low tok/s
         "other_cpu_pct_max": max((m.other_cpu_pct for rep in runs for m in rep if m.other_cpu_pct is not None),

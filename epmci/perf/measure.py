@@ -59,6 +59,16 @@ class Measurement:
     def decode(self, name: str, default=0):
         return self.stats.get("decode", {}).get(name, default)
 
+    def reproduces(self, other: "Measurement") -> bool:
+        """The same exact counters and logits as `other` (a repeat of the same run must be)."""
+        return self.counters == other.counters and self.logits_sha256 == other.logits_sha256
+
+
+def unstable(runs: list[Measurement]) -> list[int]:
+    """The 1-based numbers of the runs that do not reproduce the first: the one rule for
+    "repeats of a run are reproducible" (golden recording, the perf suite, epmci bench)."""
+    return [k for k, m in enumerate(runs[1:], 2) if not m.reproduces(runs[0])]
+
 
 def prepare_outdir(outdir: str | os.PathLike) -> Path:
     """The run's output directory, without the files of an earlier run (stats are appended to)."""

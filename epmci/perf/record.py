@@ -14,6 +14,7 @@ from ..config.experiments import EXPERIMENTS
 from ..contract.process import EngineCommand
 from .golden import Golden, new_history, now
 from .plan import PerfPlan
+from .measure import unstable
 from .run import RunFailed, Scenario
 
 # Share of the machine's CPU that other processes took during a timed run (perf.machine)
@@ -48,10 +49,10 @@ def record_golden(engine: EngineCommand, model: Path, plan: PerfPlan, workdir: C
             tail = e.measurement.run.stderr_tail() if e.measurement.run else ""
             raise RuntimeError(f"{scen}: {e.what} failed: {e.measurement.failure}" + (f"\n{tail}" if tail else ""))
         first, timed = runs.first, runs.timed
-        for k, m in enumerate(timed[1:], 2):
-            if m.counters != first[0].counters or m.logits_sha256 != first[0].logits_sha256:
-                raise RuntimeError(f"{scen}: timed run {k} is not reproducible (counters or logits differ "
-                                   f"from the first run): refusing to record")
+        bad = unstable(timed)
+        if bad:
+            raise RuntimeError(f"{scen}: timed run {bad[0]} is not reproducible (counters or logits differ "
+                               f"from the first run): refusing to record")
         samples = [round(m.tok_s, 4) for m in timed]
         busy = [m.other_cpu_pct for m in timed if m.other_cpu_pct is not None]
         if timing and busy:

@@ -33,32 +33,41 @@ records one.
 
 from __future__ import annotations
 
-import math
 import os
 import statistics
 import time
-from dataclasses import replace
+from dataclasses import dataclass
 
 from ...compare.counters import counter_changes, io_diagnosis, n_counters
 from ...compare.logits import drift
-from ...compare.stats import (DIFFERENT, SAME, UNKNOWN, Comparison, compare_samples, cpu_diagnosis,
-                              latency_percentiles, per_look_alpha)
+from ...compare.stats import DIFFERENT, SAME, UNKNOWN, compare_samples, per_look_alpha
 from ...config.experiments import EXPERIMENTS
-from ...perf.abba import ABABResult, Side, Worktree, base_side, build_base, run_abab
-from ...perf.paced import PacedResult, Unpaceable, paced_spec, run_paced
 from ...perf.machine import mismatches
-from ...perf.measure import Measurement
+from ...perf.measure import Measurement, unstable
 from ...perf.plan import PerfPlan, prepare
 from ...perf.record import BUSY_WARN_PCT
 from ...perf.run import RunFailed, Scenario
 from ..capabilities import lacks
 from ..context import CheckContext
-from ..result import ERROR, FAIL, PASS, SKIP, CheckResult
+from ..result import FAIL, PASS, SKIP, CheckResult
 from .base import Task, prompt_label, run_failed
+from .perf_base import INCONCLUSIVE_STATUS, NAME, base_result_names, comparison_props, versus_base
 
-NAME = "perf"
 # settings that decide counters and fingerprints (threads and the RAM budget do not)
 COUNTER_SETTINGS = ("prompts", "n_predict", "batch", "ctx")
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One scenario's runs and what its golden entry holds: what every golden verdict reads."""
+    plan: PerfPlan
+    scen: str
+    golden: dict | None            # the scenario's golden entry; None: nothing to compare with...
+    why: str | None                # ...and why
+    first: list[Measurement]       # one run per prompt
+    timed: list[Measurement]       # prompt 1's timed runs (the first of them included)
+
+
 def result_names(ctx: CheckContext, scen: str) -> list[str]:
     names = [f"{scen}: counters"]
     names += [f"{scen}: fingerprint {prompt_label(i, p, 'p')}" for i, p in enumerate(ctx.cfg.perf.prompts)]
@@ -66,11 +75,6 @@ def result_names(ctx: CheckContext, scen: str) -> list[str]:
     return names
 
 
-def base_result_names(scen: str, ref: str) -> list[str]:
-    return [f"{scen}: decode tok/s vs base {ref}", f"{scen}: p99 inter-token latency vs base {ref}"]
-
-
-INCONCLUSIVE_STATUS = {"skip": SKIP, "pass": PASS, "fail": FAIL}
 CI_VARIABLES = ("CI", "GITHUB_ACTIONS")
 
 
@@ -85,12 +89,6 @@ def missing_baseline_status(cfg) -> str:
     perf.missing_baseline fail | skip says so explicitly."""
     rule = cfg.perf.missing_baseline
     return FAIL if rule == "fail" or (rule == "auto" and in_ci()) else SKIP
-
-
-def comparison_props(c: Comparison) -> dict:
-    return {"baseline": round(c.baseline, 4), "current": round(c.current, 4), "ratio": round(c.ratio, 4),
-            "p_value": round(c.p_value, 5), "verdict": c.verdict, "ci_low": round(c.ci[0], 4),
-            "ci_high": round(c.ci[1], 4)}
 
 
 class PerfSuite:
@@ -119,7 +117,7 @@ class PerfSuite:
                     items += [CheckResult(NAME, n, SKIP, "timing comparisons skipped (--no-timing): --perf-base not run",
                                           {"verdict": "SKIPPED"}) for n in bnames]
                 else:
-                    items.append(Task(NAME, bnames[0], lambda s=scen, n=bnames: self.versus_base(ctx, plan, s, n),
+                    items.append(Task(NAME, bnames[0], lambda s=scen, n=bnames: versus_base(ctx, plan, s, n),
                                       names=bnames, cost=2.0 * pc.base_pairs, exclusive=True))
         return items
 
@@ -196,30 +194,29 @@ class PerfSuite:
             runs = sc.run(plan.repeats if timing_skip is None else 1)
         except RunFailed as e:
             return run_failed(NAME, names, e.measurement.run, f"{e.what}: ", e.measurement.failure)
-        first, timed = runs.first, runs.timed
-        g, why = self._golden_scenario(plan, scen)
-        out = [self.counters(plan, scen, names[0], g, why, first, timed)]
-        out += [self.fingerprint(plan, scen, names[1 + i], g, why, i, m) for i, m in enumerate(first)]
-        out.append(self.timing(ctx, plan, scen, names[-2], g, timing_skip, sc))
-        out.append(self.rss(ctx, plan, names[-1], g, first + timed))
+        ev = Evidence(plan, scen, *self._golden_scenario(plan, scen), runs.first, runs.timed)
+        out = [self.counters(ev, names[0])]
+        out += [self.fingerprint(ev, names[1 + i], i) for i in range(len(ev.first))]
+        out.append(self.timing(ctx, ev, names[-2], timing_skip, sc))
+        out.append(self.rss(ctx, ev, names[-1]))
         out[0].seconds = time.perf_counter() - t0     # the scenario's runs, reported once
         return out
 
     # -------------------------------------------------------------- verdicts
 
-    def counters(self, plan, scen, name, g, why, first: list[Measurement], timed: list[Measurement]) -> CheckResult:
+    def counters(self, ev: Evidence, name: str) -> CheckResult:
+        plan, scen, g, first = ev.plan, ev.scen, ev.golden, ev.first
         props: dict = {"prompts": len(first)}
-        unstable = [k + 1 for k, m in enumerate(timed[1:], 1)
-                    if m.counters != first[0].counters or m.logits_sha256 != first[0].logits_sha256]
+        bad = unstable(ev.timed)
         d0 = first[0].counters.get("decode", {})
         props.update({f"decode_{k}": d0.get(k) for k in ("hits", "misses", "evictions", "ssd_bytes_per_token",
                                                           "prefetch_issued", "prefetch_used")})
-        if unstable:
-            props["unstable_runs"] = unstable
-            return CheckResult(NAME, name, FAIL, f"counters or logits not reproducible: timed run(s) {unstable} of "
+        if bad:
+            props["unstable_runs"] = bad
+            return CheckResult(NAME, name, FAIL, f"counters or logits not reproducible: timed run(s) {bad} of "
                                                  f"prompt 1 differ from its first run", props)
         if g is None:
-            return CheckResult(NAME, name, missing_baseline_status(plan.cfg), why, props)
+            return CheckResult(NAME, name, missing_baseline_status(plan.cfg), ev.why, props)
         prob = self._settings_problem(plan, scen, COUNTER_SETTINGS)
         if prob:
             return CheckResult(NAME, name, FAIL, prob, props)
@@ -250,12 +247,13 @@ class PerfSuite:
                            f"{d0.get('hits')} hits, {d0.get('misses')} misses, {d0.get('evictions')} evictions, "
                            f"{d0.get('ssd_bytes_per_token', 0) / 2**20:.3f} MiB/token)", props)
 
-    def fingerprint(self, plan, scen, name, g, why, i: int, m: Measurement) -> CheckResult:
+    def fingerprint(self, ev: Evidence, name: str, i: int) -> CheckResult:
+        plan, scen, g, m = ev.plan, ev.scen, ev.golden, ev.first[i]
         fp = m.fingerprint()
         props = {"prompt_tokens": m.prompt_tokens, "generated": len(m.first_tokens), "logits_rows": m.logits_rows,
                  "logits_sha256": m.logits_sha256}
         if g is None:
-            return CheckResult(NAME, name, missing_baseline_status(plan.cfg), why, props)
+            return CheckResult(NAME, name, missing_baseline_status(plan.cfg), ev.why, props)
         prob = self._settings_problem(plan, scen, COUNTER_SETTINGS)
         if prob:
             return CheckResult(NAME, name, FAIL, prob, props)
@@ -292,8 +290,8 @@ class PerfSuite:
                          "differ between CPUs")
         return CheckResult(NAME, name, FAIL, "output drifted from golden: " + "; ".join(parts), props)
 
-    def timing(self, ctx, plan, scen, name, g, skip: str | None, sc: Scenario) -> CheckResult:
-        pc = ctx.cfg.perf
+    def timing(self, ctx: CheckContext, ev: Evidence, name: str, skip: str | None, sc: Scenario) -> CheckResult:
+        pc, plan, g = ctx.cfg.perf, ev.plan, ev.golden
         timed = sc.runs.timed
         props: dict = {"verdict": "SKIPPED"}
         if skip is not None:
@@ -338,12 +336,12 @@ class PerfSuite:
         return CheckResult(NAME, name, INCONCLUSIVE_STATUS[pc.inconclusive],
                            f"inconclusive after {comp.n_current} runs (the cap): {what}", props)
 
-    def rss(self, ctx, plan, name, g, runs: list[Measurement]) -> CheckResult:
+    def rss(self, ctx: CheckContext, ev: Evidence, name: str) -> CheckResult:
         """Peak RSS under the budget every run was started with, and no more than the
         golden's plus the allowed growth (perf.rss_growth_pct or perf.rss_growth_mb, whichever
         is larger): memory is the resource of the small box, and an engine that doubles its
         memory is still far under a generous budget."""
-        pc = ctx.cfg.perf
+        pc, g, runs = ctx.cfg.perf, ev.golden, ev.first + ev.timed
         peak = max(m.peak_rss_mb for m in runs)
         swap = max(m.vm_swap_mb for m in runs)
         props = {"peak_rss_mb": peak, "budget_mb": pc.ram_budget_mb, "vm_swap_mb": swap, "runs": len(runs)}
@@ -362,132 +360,5 @@ class PerfSuite:
             return CheckResult(NAME, name, FAIL, "; ".join(problems) + f" (budget {pc.ram_budget_mb:g} MiB{gtxt})", props)
         return CheckResult(NAME, name, PASS, f"peak RSS {peak:.1f} MiB <= budget {pc.ram_budget_mb:g} MiB{gtxt}, "
                                              f"VmSwap {swap:.1f} MiB", props)
-
-    # -------------------------------------------------------------- --perf-base
-
-    def versus_base(self, ctx: CheckContext, plan: PerfPlan, scen: str, names: list[str]) -> list[CheckResult]:
-        """[tok/s verdict, p99 latency verdict] against the engine of the base ref."""
-        pc = ctx.cfg.perf
-        t0 = time.perf_counter()
-        props: dict = {"base_ref": pc.base, "base_sha": plan.base_sha}
-        timeout = max(ctx.cfg.engine.timeout_s, ctx.cfg.engine.build_timeout_s)
-        spec = plan.specs[scen][0]
-        try:
-            with Worktree(plan.repo, plan.base_sha) as wt:
-                base = base_side(wt, ctx.engine)
-                ok, bmsg, brun = build_base(base, wt, ctx.engine, ctx.cfg.engine.build_cmd,
-                                            ctx.cfg.engine.build_timeout_s)
-                props["base_build"] = bmsg
-                if not ok:
-                    return [CheckResult(NAME, n, ERROR, f"could not build the base engine at {plan.base_sha[:12]}: "
-                                        f"{bmsg}", dict(props), time.perf_counter() - t0,
-                                        brun.stderr_tail() if brun else "") for n in names]
-                head = Side("head", ctx.engine, None, {})
-                fallback = "perf.base_mode is abba"
-                if pc.base_mode == "paced":
-                    try:
-                        res = run_paced(head, base, ctx.model_path, paced_spec(spec, pc.base_warmup_steps, pc.base_steps),
-                                        ctx.dir(f"perf-base-{scen}"), pairs=pc.base_pairs, max_pairs=pc.base_max_pairs,
-                                        step_pairs=pc.base_more_pairs, warmup=pc.base_warmup_steps, alpha=pc.base_alpha,
-                                        floor=pc.base_floor, min_effect=pc.min_effect, timeout=timeout)
-                        return self._paced_verdicts(ctx, plan, names, res, props)
-                    except Unpaceable as e:
-                        fallback = str(e)
-                res = run_abab(head, base, ctx.model_path, replace(spec, n_predict=pc.abba_n_predict),
-                               ctx.dir(f"perf-base-{scen}-abba"), pairs=pc.abba_pairs, max_pairs=pc.abba_max_pairs,
-                               alpha=pc.alpha, min_effect=pc.min_effect, test=pc.paired_test, timeout=timeout)
-                return self._abba_verdicts(ctx, plan, names, res, props, fallback)
-        except RuntimeError as e:
-            return [CheckResult(NAME, n, ERROR, str(e), dict(props), time.perf_counter() - t0) for n in names]
-
-    def _paced_verdicts(self, ctx, plan, names, res: PacedResult, props: dict) -> list[CheckResult]:
-        pc = ctx.cfg.perf
-        props.update(mode="paced", steps=pc.base_steps, warmup_steps=pc.base_warmup_steps, seed=res.seed,
-                     alpha=pc.base_alpha, alpha_per_look=round(res.alpha, 6), min_effect=pc.min_effect,
-                     floor=pc.base_floor, memory=res.memory)
-        if res.failure:
-            run = res.failure.run
-            return [CheckResult(NAME, n, FAIL, f"--perf-base (paced): {res.failure}", dict(props), res.seconds,
-                                run.stderr_tail() if run else "", f"command: {run.command_line()}" if run else "")
-                    for n in names]
-        c = res.comparison
-        first = res.first
-        same_out = first.base.fingerprint() == first.head.fingerprint()
-        busy = [p.other_cpu_pct for p in res.pairs if p.other_cpu_pct is not None]
-        props.update({**comparison_props(c), "pairs": res.n_pairs, "cpu_ratio": round(res.cpu_ratio, 4),
-                      "pair_ratios": [round(math.exp(x), 4) for x in res.samples()],
-                      "pair_cpu_ratios": [round(math.exp(x), 4) for x in res.samples("cpu")],
-                      "started_first": "".join("A" if p.started_first == "base" else "B" for p in res.pairs),
-                      "outputs_equal_base": same_out})
-        if busy:
-            props["other_cpu_pct_median"] = round(statistics.median(busy), 1)
-        level = f"{1 - res.alpha:.2%}"
-        what = (f"decode tok/s head {c.current:.2f} vs base {c.baseline:.2f} at {plan.base_sha[:12]} (paced: "
-                f"{res.n_pairs} process pairs x {pc.base_steps} interleaved decode steps; head/base x{c.ratio:.3f}, "
-                f"one-sided {level} bounds [{c.ci[0]:.3f}, {c.ci[1]:.3f}], t test p={c.p_value:.3g} vs "
-                f"{res.alpha:.3g} per look, min effect {pc.min_effect:.0%}; CPU time x{res.cpu_ratio:.3f}): "
-                f"{c.verdict}")
-        if busy and statistics.median(busy) >= BUSY_WARN_PCT:
-            what += f" -- other processes used a median {statistics.median(busy):.0f}% of the CPU meanwhile"
-        if not same_out:
-            what += "; note: head and base outputs differ"
-        tok = self._tok_s_result(ctx, names[0], c, what, props, res.seconds, first.base.stats, first.head.stats,
-                                 cpu_diagnosis(c.ratio, res.cpu_ratio))
-        return [tok, self._latency_result(ctx, plan, names[1], res)]
-
-    def _tok_s_result(self, ctx, name, c: Comparison, what: str, props: dict, secs: float, base_stats: dict,
-                      head_stats: dict, extra: str = "") -> CheckResult:
-        pc = ctx.cfg.perf
-        if c.regressed:
-            io, why = io_diagnosis(base_stats.get("decode", {}), head_stats.get("decode", {}))
-            props["io_regression"] = io
-            why += f"; {extra}" if extra else ""
-            return CheckResult(NAME, name, FAIL, f"tok/s regressed against the base: {what}; {why}", props, secs)
-        if c.verdict == UNKNOWN:
-            return CheckResult(NAME, name, INCONCLUSIVE_STATUS[pc.inconclusive],
-                               f"inconclusive after {c.n_current} pairs (the cap): {what}", props, secs)
-        return CheckResult(NAME, name, PASS, what, props, secs)
-
-    def _latency_result(self, ctx, plan, name: str, res: PacedResult) -> CheckResult:
-        limit = ctx.cfg.perf.p99_max_ratio
-        lat = {side: latency_percentiles(res.latencies(side)) for side in ("base", "head")}
-        ratio = lat["head"]["p99"] / lat["base"]["p99"]
-        props = {f"{side}_{q}_ms": round(1e3 * v, 3) for side, qs in lat.items() for q, v in qs.items()}
-        props.update(p99_ratio=round(ratio, 4), p99_max_ratio=limit, steps_per_side=len(res.latencies("head")))
-        what = (f"inter-token latency p50/p95/p99 head {'/'.join(f'{1e3 * v:.1f}' for v in lat['head'].values())} ms "
-                f"vs base {'/'.join(f'{1e3 * v:.1f}' for v in lat['base'].values())} ms at {plan.base_sha[:12]} "
-                f"({len(res.latencies('head'))} paced steps a side): p99 x{ratio:.3f}")
-        if ratio > limit:
-            return CheckResult(NAME, name, FAIL, f"p99 latency regressed against the base: {what}, over the limit "
-                                                 f"x{limit:g} (perf.p99_max_ratio)", props)
-        return CheckResult(NAME, name, PASS, f"{what} <= x{limit:g}", props)
-
-    def _abba_verdicts(self, ctx, plan, names, res: ABABResult, props: dict, fallback: str) -> list[CheckResult]:
-        pc = ctx.cfg.perf
-        props.update(mode="abba", fallback=fallback, n_predict=pc.abba_n_predict, test=pc.paired_test)
-        note = f"ABBA of whole runs ({fallback})"
-        latency = CheckResult(NAME, names[1], SKIP, f"no per-step times to take latencies from: {note}",
-                              {"verdict": "SKIPPED", "fallback": fallback})
-        if res.failure:
-            run = res.failed_run.run if res.failed_run else None
-            return [CheckResult(NAME, names[0], FAIL, f"--perf-base ({note}): {res.failure}", props, res.seconds,
-                                run.stderr_tail() if run else "", f"command: {run.command_line()}" if run else ""),
-                    latency]
-        c = res.comparison
-        props.update({**comparison_props(c), "pairs": res.pairs, "alpha_per_look": round(res.alpha, 5),
-                      "base_samples": [round(x, 4) for x in res.base], "head_samples": [round(x, 4) for x in res.head],
-                      "order": "".join("A" if o == "base" else "B" for o in res.order)})
-        same_out = (res.base_first.fingerprint() == res.head_first.fingerprint())
-        props["outputs_equal_base"] = same_out
-        what = (f"decode tok/s head {c.current:.2f} vs base {c.baseline:.2f} at {plan.base_sha[:12]} "
-                f"({note}: paired median ratio x{c.ratio:.3f}, 95% CI [{c.ci[0]:.3f}, {c.ci[1]:.3f}], "
-                f"{'Wilcoxon signed-rank' if pc.paired_test == 'wilcoxon' else 'sign test'} "
-                f"p={c.p_value:.3g} vs {res.alpha:.3g} per look, {res.pairs} ABBA pairs, {pc.abba_n_predict} tokens): "
-                f"{c.verdict}")
-        if not same_out:
-            what += "; note: head and base outputs differ"
-        return [self._tok_s_result(ctx, names[0], c, what, props, res.seconds, res.base_first.stats,
-                                   res.head_first.stats), latency]
-
 
 SUITE = PerfSuite()
