@@ -242,3 +242,49 @@ def test_latency_percentiles_and_cpu_diagnosis():
     assert p["p50"] == pytest.approx(0.0505) and p["p99"] == pytest.approx(0.09901) and list(p) == ["p50", "p95", "p99"]
     assert "waiting" in cpu_diagnosis(0.95, 1.0) and "waiting" in cpu_diagnosis(0.90, 0.97)
     assert "compute" in cpu_diagnosis(0.95, 0.95) and "compute" in cpu_diagnosis(1.05, 1.0)
+
+
+# ------------------------------------------------------------------ the p99 verdict's tail test
+
+def test_tail_test_exact_p_value_on_a_hand_made_case():
+    from epmci.compare.stats import tail_test
+    t = tail_test([1, 2, 3, 4], [5, 6, 7, 8], quantile=0.75)      # top 2 of 8 are both the head's
+    assert (t.above, t.head_above) == (2, 2) and t.p_value == pytest.approx(6 / 28)   # C(4,2)/C(8,2)
+    assert tail_test([5, 6, 7, 8], [1, 2, 3, 4], quantile=0.75).p_value == 1.0
+
+
+@pytest.mark.parametrize("noise", ["normal", "heavy"])
+def test_tail_test_false_alarms_within_alpha_on_an_unchanged_head(noise):
+    """2000 unchanged heads, 576 paced steps a side (the gate's 6 pairs x 96 steps), step times
+    with normal jitter or a heavy (lognormal + rare 5x stalls) tail: the share with p < alpha
+    stays within alpha (binomial 99.9 % upper margin), for the gate's alpha of 0.01."""
+    from epmci.compare.stats import tail_test
+    rng, alpha, n, trials = np.random.default_rng(7), 0.01, 576, 2000
+
+    def steps():
+        if noise == "normal":
+            return 0.025 * (1 + 0.03 * rng.standard_normal(n))
+        x = 0.025 * rng.lognormal(0, 0.1, n)
+        return np.where(rng.random(n) < 0.01, 5 * x, x)
+    alarms = sum(tail_test(steps(), steps()).p_value < alpha for _ in range(trials))
+    assert alarms / trials <= alpha + 3.1 * math.sqrt(alpha * (1 - alpha) / trials), alarms
+
+
+def test_tail_test_detects_a_heavier_tail_and_ignores_one_slow_step():
+    """A head whose 5 % slowest steps take 2x (a real tail regression) is caught in >= 99 % of
+    trials at the gate's alpha; one stalled step (the noise that used to fail an unchanged
+    head) never is."""
+    from epmci.compare.stats import tail_test
+    rng, n = np.random.default_rng(11), 576
+    caught = 0
+    for _ in range(500):
+        base = 0.025 * (1 + 0.03 * rng.standard_normal(n))
+        head = 0.025 * (1 + 0.03 * rng.standard_normal(n))
+        slow = rng.random(n) < 0.05
+        head[slow] *= 2
+        caught += tail_test(base, head).p_value < 0.01
+    assert caught >= 495, caught
+    base = 0.025 * (1 + 0.03 * rng.standard_normal(n))
+    head = 0.025 * (1 + 0.03 * rng.standard_normal(n))
+    head[17] = 1.0                                                    # one 40x stall
+    assert tail_test(base, head).p_value > 0.05                      # no alarm: one step is one step
