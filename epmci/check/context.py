@@ -31,8 +31,8 @@ T = TypeVar("T")
 
 
 def auto_arena_mb(cfg: CheckConfig, facts: ModelFacts, batch: int) -> float:
-    """max(run.arena_fraction of all expert bytes, the minimum for `batch` + margin)."""
-    lo = facts.min_arena_bytes(batch, uniform=False, margin_slots=cfg.prefetch_stress.margin_experts)
+    """max(run.arena_fraction of all expert bytes, the minimum for `batch` + run.margin_experts)."""
+    lo = facts.min_arena_bytes(batch, uniform=False, margin_slots=cfg.run.margin_experts)
     return arena_mib(max(lo, int(cfg.run.arena_fraction * facts.total_expert_bytes())))
 
 

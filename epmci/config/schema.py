@@ -38,8 +38,9 @@ class RunConfig:
     jobs: int = 0                        # engine runs at once; 0 = one per CPU
     batch: int = 8                       # -b of the layer, determinism and e2e runs
     n_predict: int = 4                   # -n of the layer, stress and determinism runs
-    arena_mb: float | str = "auto"       # auto: max(arena_fraction of expert bytes, minimum + margin)
+    arena_mb: float | str = "auto"       # auto: max(arena_fraction of expert bytes, minimum + margin_experts)
     arena_fraction: float = 0.25
+    margin_experts: int = 2              # auto: slots above the minimum per class
     ram_budget_mb: float | None = None   # --ram-budget-mb for every paged run
     slot_align: int = 4096               # the engine's alignment of expert parts in a slot
     slot_windows: bool = True            # parts take the aligned file window covering them (O_DIRECT)

@@ -23,6 +23,7 @@ def validate(cfg: CheckConfig) -> None:
     for key, val, lo in (("engine.threads", e.threads, 1), ("engine.ctx", e.ctx, 16),
                          ("run.jobs", r.jobs, 0), ("run.batch", r.batch, 1),
                          ("run.n_predict", r.n_predict, 1), ("run.slot_align", r.slot_align, 1),
+                         ("run.margin_experts", r.margin_experts, 0),
                          ("kernel.rows", cfg.kernel.rows, 1),
                          ("prefetch_stress.batch", cfg.prefetch_stress.batch, 1),
                          ("prefetch_stress.queue", cfg.prefetch_stress.queue, 1),

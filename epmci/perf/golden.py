@@ -181,6 +181,18 @@ NUM = (int, float)
 def load(path: str | os.PathLike) -> Golden:
     """Read and validate a golden YAML file and its logits side file."""
     p = Path(path)
+    d = _read_yaml(p)
+    profile, model, settings, machine, recorded, history, engine = _header(d, p)
+    scenarios = _need(d, "scenarios", dict, p, "")
+    if not scenarios:
+        raise InputError(p, "scenarios: empty")
+    for name, s in scenarios.items():
+        _check_scenario(s, f"scenarios.{name}.", len(settings["prompts"]), p)
+    name, logits = _side_file(d, p)
+    return Golden(profile, model, settings, scenarios, machine, recorded, history, logits, p, name, engine)
+
+
+def _read_yaml(p: Path) -> dict:
     try:
         text = p.read_text(encoding="utf-8")
     except OSError as e:
@@ -196,6 +208,11 @@ def load(path: str | os.PathLike) -> Golden:
     if d.get("schema") != SCHEMA or d.get("kind", KIND) != KIND:
         raise InputError(p, f"golden schema {d.get('schema')!r}, this epmci reads schema {SCHEMA} "
                             f"(re-record it: epmci golden update --profile <profile> --reason ...)")
+    return d
+
+
+def _header(d: dict, p: Path) -> tuple:
+    """profile, model, settings, machine, recorded, history, engine -- validated."""
     profile = _need(d, "profile", str, p, "")
     model = _need(d, "model", dict, p, "")
     for k, t in (("id", str), ("sha256", str)):
@@ -211,43 +228,48 @@ def load(path: str | os.PathLike) -> Golden:
     if engine is not None:
         _need(engine, "name", str, p, "engine.")
     settings = _need(d, "settings", dict, p, "")
-    prompts = _need(settings, "prompts", list, p, "settings.")
+    _need(settings, "prompts", list, p, "settings.")
     for k in ("n_predict", "batch", "ctx", "threads"):
         _need(settings, k, int, p, "settings.")
-    scenarios = _need(d, "scenarios", dict, p, "")
-    if not scenarios:
-        raise InputError(p, "scenarios: empty")
-    for name, s in scenarios.items():
-        ctx = f"scenarios.{name}."
-        if not isinstance(s, dict):
-            raise InputError(p, f"{ctx[:-1]}: expected a mapping")
-        _need(s, "arena_mb", NUM, p, ctx)
-        _need(s, "peak_rss_mb", NUM, p, ctx)
-        timing = s.get("timing")
-        if timing is not None:
-            samples = _need(timing, "samples", list, p, ctx + "timing.")
-            if not samples or not all(isinstance(x, NUM) and not isinstance(x, bool) and x > 0 for x in samples):
-                raise InputError(p, f"{ctx}timing.samples: expected a non-empty list of positive numbers")
-            _need(timing, "median", NUM, p, ctx + "timing.")
-        plist = _need(s, "prompts", list, p, ctx)
-        if len(plist) != len(prompts):
-            raise InputError(p, f"{ctx}prompts: {len(plist)} entries for {len(prompts)} settings.prompts")
-        for i, e in enumerate(plist):
-            c = f"{ctx}prompts[{i}]."
-            for k, t in (("prompt_tokens", int), ("first_tokens", list), ("logits_rows", int),
-                         ("logits_sha256", str), ("text_sha256", str), ("counters", dict)):
-                _need(e, k, t, p, c)
-            if not all(isinstance(x, int) for x in e["first_tokens"]):
-                raise InputError(p, f"{c}first_tokens: expected integers")
-            for phase, cs in e["counters"].items():
-                if not isinstance(cs, dict) or not all(isinstance(v, NUM) for v in cs.values()):
-                    raise InputError(p, f"{c}counters.{phase}: expected a mapping of numbers")
-            # one engine recorded every prompt: the same phases and fields each time (a file cut
-            # short inside a prompt's counters still parses, with fewer)
-            shape = {ph: sorted(cs) for ph, cs in e["counters"].items()}
-            first = {ph: sorted(cs) for ph, cs in plist[0]["counters"].items()}
-            if shape != first:
-                raise InputError(p, f"{c}counters: phases or fields differ from prompts[0]'s (cut short or edited?)")
+    return profile, model, settings, machine, recorded, history, engine
+
+
+def _check_scenario(s, ctx: str, n_prompts: int, p: Path) -> None:
+    """One scenario's entry: arena, peak RSS, timing samples, and per prompt its fingerprint
+    and counters (every prompt with the same phases and fields)."""
+    if not isinstance(s, dict):
+        raise InputError(p, f"{ctx[:-1]}: expected a mapping")
+    _need(s, "arena_mb", NUM, p, ctx)
+    _need(s, "peak_rss_mb", NUM, p, ctx)
+    timing = s.get("timing")
+    if timing is not None:
+        samples = _need(timing, "samples", list, p, ctx + "timing.")
+        if not samples or not all(isinstance(x, NUM) and not isinstance(x, bool) and x > 0 for x in samples):
+            raise InputError(p, f"{ctx}timing.samples: expected a non-empty list of positive numbers")
+        _need(timing, "median", NUM, p, ctx + "timing.")
+    plist = _need(s, "prompts", list, p, ctx)
+    if len(plist) != n_prompts:
+        raise InputError(p, f"{ctx}prompts: {len(plist)} entries for {n_prompts} settings.prompts")
+    for i, e in enumerate(plist):
+        c = f"{ctx}prompts[{i}]."
+        for k, t in (("prompt_tokens", int), ("first_tokens", list), ("logits_rows", int),
+                     ("logits_sha256", str), ("text_sha256", str), ("counters", dict)):
+            _need(e, k, t, p, c)
+        if not all(isinstance(x, int) for x in e["first_tokens"]):
+            raise InputError(p, f"{c}first_tokens: expected integers")
+        for phase, cs in e["counters"].items():
+            if not isinstance(cs, dict) or not all(isinstance(v, NUM) for v in cs.values()):
+                raise InputError(p, f"{c}counters.{phase}: expected a mapping of numbers")
+        # one engine recorded every prompt: the same phases and fields each time (a file cut
+        # short inside a prompt's counters still parses, with fewer)
+        shape = {ph: sorted(cs) for ph, cs in e["counters"].items()}
+        first = {ph: sorted(cs) for ph, cs in plist[0]["counters"].items()}
+        if shape != first:
+            raise InputError(p, f"{c}counters: phases or fields differ from prompts[0]'s (cut short or edited?)")
+
+
+def _side_file(d: dict, p: Path):
+    """(file name, logits rows) of the logits side file, checked against its recorded sha256."""
     lg = _need(d, "logits", dict, p, "")
     name = _need(lg, "file", str, p, "logits.")
     sha = _need(lg, "sha256", str, p, "logits.")
@@ -260,8 +282,7 @@ def load(path: str | os.PathLike) -> Golden:
         raise InputError(p, f"logits side file {name} is missing") from None
     if hashlib.sha256(data).hexdigest() != sha:
         raise InputError(side, f"does not match the sha256 recorded in {p.name} (corrupt or stale)")
-    logits = unpack_logits(data, side)
-    return Golden(profile, model, settings, scenarios, machine, recorded, history, logits, p, name, engine)
+    return name, unpack_logits(data, side)
 
 
 def find(root: str | os.PathLike, profile: str, model_id: str) -> Golden | None:
