@@ -251,6 +251,30 @@ def fits_two(peaks_mib: dict[str, float], available: float | None) -> tuple[bool
     return (available is None or need <= available), what
 
 
+def look_sizes(pairs: int, step_pairs: int, max_pairs: int) -> list[int]:
+    """The numbers of process pairs at which a paced decision looks: `pairs`, then every
+    `step_pairs` more while UNKNOWN, up to `max_pairs` (per_look_alpha splits alpha over them)."""
+    sizes = [pairs]
+    while sizes[-1] < max_pairs:
+        sizes.append(min(max_pairs, sizes[-1] + max(1, step_pairs)))
+    return sizes
+
+
+def sequential_verdict(samples: list[float], *, pairs: int, step_pairs: int, max_pairs: int, alpha: float,
+                       floor: float, min_effect: float) -> tuple[Comparison, int]:
+    """The gate's paced decision on pair values taken in order (the first `pairs`, then more at
+    each look while UNKNOWN): (the comparison it stops at, pairs used). run_paced makes the
+    same looks while it runs the pairs; calibration replays recorded pairs through this."""
+    a = per_look_alpha(alpha, pairs, max_pairs, step_pairs)
+    for n in look_sizes(pairs, step_pairs, max_pairs):
+        if n > len(samples):
+            raise ValueError(f"{len(samples)} pair values for a look at {n}")
+        c = compare_paced(samples[:n], a, floor, min_effect, 1.0, 1.0)
+        if c.verdict != UNKNOWN:
+            return c, n
+    return c, n
+
+
 def run_paced(head: Side, base: Side, model, spec: RunSpec, workdir: Path, *, pairs: int, max_pairs: int,
               step_pairs: int, warmup: int, alpha: float, floor: float, min_effect: float, timeout: float,
               seed: int | None = None, probe_first: bool = True,
@@ -286,7 +310,8 @@ def run_paced(head: Side, base: Side, model, spec: RunSpec, workdir: Path, *, pa
             say(f"[perf-base] paced: {what}")
             if not ok:
                 raise Unpaceable(f"two engines do not fit the memory at once: {what}")
-        want = pairs
+        looks = look_sizes(pairs, step_pairs, max_pairs)
+        want = looks.pop(0)
         while True:
             k = len(res.pairs) + 1
             pair = run_pair(head, base, model, spec, workdir / f"pair-{k}", warmup=warmup, timeout=timeout,
@@ -301,9 +326,9 @@ def run_paced(head: Side, base: Side, model, spec: RunSpec, workdir: Path, *, pa
             head_tok_s = 1.0 / statistics.median(res.latencies("head"))
             res.comparison = compare_paced(res.samples(), res.alpha, floor, min_effect, base_tok_s, head_tok_s)
             res.cpu_ratio = math.exp(statistics.fmean(res.samples("cpu")))
-            if res.comparison.verdict != UNKNOWN or len(res.pairs) >= max_pairs:
+            if res.comparison.verdict != UNKNOWN or not looks:
                 return res
-            want = min(max_pairs, len(res.pairs) + step_pairs)
+            want = looks.pop(0)
     except PairFailed as e:
         res.failure = e
         return res

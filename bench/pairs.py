@@ -1,0 +1,192 @@
+#!/usr/bin/env python3
+"""The paced perf gate's error rates from recorded process pairs (epmci/perf/calibration.py).
+
+    python bench/pairs.py record --conditions unchanged,slow3,slow5,io5 [--busy] [--pairs 40]
+                                 [--max-minutes 25] [--out docs/perf-data/pairs] [--resume]
+    python bench/pairs.py analyse [--out docs/perf-data/pairs] [--decisions 4000]
+
+record: process pairs of `epmci check --perf-base` (epmci.perf.paced.run_pair, the perf
+suite's baseline scenario, perf.base_steps decode steps after perf.base_warmup_steps), base =
+the bundled engine, head = the bundled engine (`unchanged`) or a copy made slower
+(bench/perf_gate_calibration.py's heads: `slowX` X % more compute, `ioX` delayed reads; on
+the paged ci scenario). Conditions are interleaved pair by pair. `--busy` runs one CPU hog
+beside the pairs (a shared runner). Every pair is appended to OUT/<condition>[-busy].jsonl
+as it finishes -- its every step's wall and CPU time, the load, the time -- so a stopped run
+keeps what it measured and `--resume` continues to --pairs per condition. --max-minutes
+ends the chunk cleanly (no job here may run longer than 30 minutes).
+
+analyse: for every recording, replays --decisions decisions through the gate's own
+sequential decision and prints a Markdown table: false alarms (unchanged) or detection
+(slowed), SAME, UNKNOWN, pairs per decision, with Wilson 95 % intervals, the recorded pairs
+(what bounds the precision), the per-pair noise and the drift check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from perf_gate_calibration import declared, heads  # noqa: E402
+
+from epmci.compare.stats import hodges_lehmann  # noqa: E402
+from epmci.config import load_config  # noqa: E402
+from epmci.config.experiments import EXPERIMENTS  # noqa: E402
+from epmci.contract.process import EngineCommand  # noqa: E402
+from epmci.gguf.facts import ModelFacts  # noqa: E402
+from epmci.gguf.file import ModelFile  # noqa: E402
+from epmci.perf.abba import Side  # noqa: E402
+from epmci.perf.calibration import drift, replay  # noqa: E402
+from epmci.perf.paced import PairFailed, paced_spec, run_pair  # noqa: E402
+from epmci.synth.store import resolve_model  # noqa: E402
+
+HOG = "while True: pass"
+
+
+def die(msg: str) -> None:
+    print(f"pairs.py: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def recording_path(out: Path, condition: str, busy: bool) -> Path:
+    return out / f"{condition}{'-busy' if busy else ''}.jsonl"
+
+
+def read_recording(path: Path) -> list[dict]:
+    """The pairs of one recording; a line cut short by a killed run is dropped, not fatal."""
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def pair_value(rec: dict, kind: str = "wall") -> float:
+    """The pair's value for the decision: Hodges-Lehmann of log(base time / head time) per step."""
+    w = rec["warmup"]
+    b, h = np.asarray(rec[f"base_{kind}"][w:]), np.asarray(rec[f"head_{kind}"][w:])
+    return hodges_lehmann(np.log(b / h))
+
+
+def record(a) -> int:
+    cfg = load_config(None)
+    pc = cfg.perf
+    model = resolve_model(a.model)
+    facts = ModelFacts.of(ModelFile(model), cfg.run.slot_align, cfg.run.slot_windows)
+    fixed = {"n_predict": pc.n_predict, "ctx": pc.ctx, "batch": pc.batch, "threads": cfg.engine.threads,
+             "arena_fraction": pc.arena_fraction, "ram_budget_mb": pc.ram_budget_mb}
+    spec = paced_spec(EXPERIMENTS["baseline"].spec(pc.prompts[0], fixed, facts), pc.base_warmup_steps, pc.base_steps)
+    conditions = [c for c in a.conditions.split(",") if c]
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    done = {c: len(read_recording(recording_path(out, c, a.busy))) for c in conditions}
+    if not a.resume and any(done.values()):
+        die(f"{out} already holds pairs of {', '.join(c for c, n in done.items() if n)}: --resume to continue")
+    todo = [c for k in range(a.pairs) for c in conditions if done[c] <= k]
+    deadline = time.monotonic() + 60 * a.max_minutes
+    rng = np.random.default_rng(a.seed if a.seed is not None else int(time.time()))
+    hog = subprocess.Popen([sys.executable, "-c", HOG]) if a.busy else None
+    print(f"[pairs] {model.name}, {len(todo)} pairs to go ({sum(done.values())} recorded), busy={a.busy}, "
+          f"load {os.getloadavg()[0]:.2f}", flush=True)
+    try:
+        with tempfile.TemporaryDirectory(prefix="epmci-pairs-") as td:
+            tmp = Path(td)
+            engines = {n: declared(e, cfg.engine.timeout_s)
+                       for n, e in heads(tmp, sorted(set(conditions)), a.io_delay_ms / 1e3, a.io_every).items()}
+            base = Side("base", declared(EngineCommand.from_setting(None), cfg.engine.timeout_s))
+            for i, c in enumerate(todo):
+                if time.monotonic() > deadline:
+                    print(f"[pairs] --max-minutes {a.max_minutes} reached: {len(todo) - i} pairs left for --resume")
+                    break
+                load0, t0 = os.getloadavg()[0], time.time()
+                try:
+                    p = run_pair(Side("head", engines[c]), base, model, spec, tmp / f"pair-{i}",
+                                 warmup=pc.base_warmup_steps, timeout=cfg.engine.timeout_s, rng=rng, label=f"{c} {i}")
+                except PairFailed as e:
+                    die(f"{c}: pair {i} failed: {e}")
+                rec = {"condition": c, "busy": a.busy, "started_first": p.started_first, "warmup": p.warmup,
+                       "base_wall": p.base_wall, "head_wall": p.head_wall, "base_cpu": p.base_cpu,
+                       "head_cpu": p.head_cpu, "cpus": p.cpus, "other_cpu_pct": p.other_cpu_pct,
+                       "load_start": load0, "load_end": os.getloadavg()[0], "seconds": round(time.time() - t0, 2),
+                       "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
+                with open(recording_path(out, c, a.busy), "a", encoding="utf-8") as f:
+                    f.write(json.dumps(rec) + "\n")
+                print(f"[pairs] {i + 1}/{len(todo)} {c}: head/base x{math.exp(pair_value(rec)):.4f} "
+                      f"({rec['seconds']:.0f} s, load {load0:.2f})", flush=True)
+    finally:
+        if hog:
+            hog.kill()
+            hog.wait()
+    return 0
+
+
+def analyse(a) -> int:
+    pc = load_config(None).perf
+    gate = dict(pairs=pc.base_pairs, step_pairs=pc.base_more_pairs, max_pairs=pc.base_max_pairs,
+                alpha=pc.base_alpha, floor=pc.base_floor, min_effect=pc.min_effect)
+    rows = ["| recording | pairs | median head/base | per-pair noise (sd) | drift rho (p) | DIFFERENT slower "
+            "[95 % CI] | SAME | UNKNOWN | pairs/decision (median, mean) | load (median) |",
+            "|---|---:|---:|---:|---|---|---:|---:|---|---:|"]
+    rng = np.random.default_rng(a.seed)
+    for path in sorted(Path(a.out).glob("*.jsonl")):
+        recs = read_recording(path)
+        if len(recs) < 2:
+            continue
+        values = [pair_value(r) for r in recs]
+        d = replay(path.stem, values, n=a.decisions, rng=rng, **gate)
+        share, lo, hi = d.rate(d.slower)
+        rho, p = drift(values)
+        rows.append(f"| {path.stem} | {len(values)} | x{math.exp(statistics.median(values)):.4f} | "
+                    f"{100 * statistics.stdev(values):.2f} % | {rho:+.2f} ({p:.2g}) | {100 * share:.2f} % "
+                    f"[{100 * lo:.2f}, {100 * hi:.2f}] | {100 * d.same / d.n:.1f} % | {100 * d.unknown / d.n:.1f} % | "
+                    f"{statistics.median(d.pairs_used):.0f}, {statistics.fmean(d.pairs_used):.1f} | "
+                    f"{statistics.median(r['load_start'] for r in recs):.2f} |")
+    print("\n".join(rows))
+    print(f"\n{a.decisions} replayed decisions per recording (gate: {gate}); the intervals are over the "
+          f"replays -- the recorded pairs bound the precision.")
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(prog="pairs.py", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("record")
+    r.add_argument("--conditions", default="unchanged,slow5")
+    r.add_argument("--busy", action="store_true", help="one CPU hog beside the pairs")
+    r.add_argument("--pairs", type=int, default=40, help="pairs per condition in the recording")
+    r.add_argument("--max-minutes", type=float, default=25.0)
+    r.add_argument("--model", default="ci")
+    r.add_argument("--io-delay-ms", type=float, default=2.0)
+    r.add_argument("--io-every", type=int, default=3)
+    r.add_argument("--seed", type=int)
+    r.add_argument("--resume", action="store_true")
+    r.add_argument("--out", default=str(REPO / "docs" / "perf-data" / "pairs"))
+    n = sub.add_parser("analyse")
+    n.add_argument("--decisions", type=int, default=4000)
+    n.add_argument("--seed", type=int, default=0)
+    n.add_argument("--out", default=str(REPO / "docs" / "perf-data" / "pairs"))
+    a = ap.parse_args()
+    if a.cmd == "record" and (a.pairs < 1 or a.max_minutes <= 0):
+        die("--pairs must be >= 1 and --max-minutes > 0")
+    return record(a) if a.cmd == "record" else analyse(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

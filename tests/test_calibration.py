@@ -1,0 +1,63 @@
+"""The paced gate's error-rate estimator (epmci/perf/calibration.py) on synthetic pairs with a
+known answer: replayed through the gate's own sequential decision, an unchanged head's
+false alarms stay within alpha, a 5 % slowdown at the measured per-pair noise is caught,
+the Wilson interval covers what it should, and the drift check tells a trend from none."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from epmci.config.schema import PerfConfig
+from epmci.perf.calibration import drift, replay, wilson
+from epmci.perf.paced import look_sizes, sequential_verdict
+
+PC = PerfConfig()
+GATE = dict(pairs=PC.base_pairs, step_pairs=PC.base_more_pairs, max_pairs=PC.base_max_pairs, alpha=PC.base_alpha,
+            floor=PC.base_floor, min_effect=PC.min_effect)
+
+
+def recording(effect: float, noise: float, n: int = 400, seed: int = 0) -> list[float]:
+    """Pair values (log head/base tok/s) of a head `effect` slower, per-pair noise sd `noise`."""
+    return list(np.log1p(-effect) + noise * np.random.default_rng(seed).standard_normal(n))
+
+
+def test_the_looks_are_the_gates():
+    assert look_sizes(6, 6, 12) == [6, 12] and look_sizes(6, 4, 12) == [6, 10, 12] and look_sizes(8, 2, 8) == [8]
+
+
+def test_an_unchanged_head_false_alarms_within_alpha():
+    d = replay("unchanged", recording(0.0, 0.026), n=4000, rng=np.random.default_rng(1), **GATE)
+    share, lo, hi = d.rate(d.slower)
+    assert share <= PC.base_alpha + 3 * math.sqrt(PC.base_alpha / d.n), (share, lo, hi)
+    assert d.same / d.n > 0.95 and set(d.pairs_used) <= {6, 12}
+
+
+def test_a_five_percent_slowdown_is_caught_at_the_measured_noise():
+    d = replay("slow5", recording(0.05, 0.026, seed=2), n=2000, rng=np.random.default_rng(3), **GATE)
+    assert d.slower / d.n >= 0.95 and d.same / d.n <= PC.base_alpha, d     # a true 5 % is at the SAME bound
+    assert np.median(d.pairs_used) == 6
+
+
+def test_sequential_verdict_stops_at_the_first_decisive_look():
+    same = [0.001, -0.002, 0.0, 0.001, -0.001, 0.0] * 2
+    c, n = sequential_verdict(same, **GATE)
+    assert c.verdict == "SAME" and n == 6
+    with pytest.raises(ValueError):
+        sequential_verdict(same[:3], **GATE)
+
+
+def test_wilson_interval():
+    lo, hi = wilson(0, 100)
+    assert lo == 0.0 and 0.03 < hi < 0.04                 # the "rule of three" region
+    lo, hi = wilson(50, 100)
+    assert lo < 0.5 < hi and hi - lo == pytest.approx(0.19, abs=0.01)
+
+
+def test_drift_tells_a_trend_from_none():
+    rng = np.random.default_rng(5)
+    flat = list(rng.standard_normal(60))
+    trend = [x + 0.1 * i for i, x in enumerate(flat)]
+    assert drift(flat)[1] > 0.05 and drift(trend)[1] < 1e-4
