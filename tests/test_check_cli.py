@@ -78,7 +78,8 @@ def test_fast_check_passes_on_the_tiny_model(tmp_path, tiny_model, monkeypatch, 
     assert "## epmci check: PASS" in summary.read_text() and "skipped by --fast" in summary.read_text()
     n_pass = sum(r["status"] == "pass" for r in names.values())
     n_skip = sum(r["status"] == "skip" for r in names.values())
-    assert summary.read_text().splitlines()[2].startswith(f"**{n_pass} checks passed, {n_skip} skipped (")
+    assert summary.read_text().splitlines()[0].startswith(f"## epmci check: PASS ✅ -- {n_pass} checks passed, "
+                                                          f"{n_skip} skipped (")
     assert "SKIP" in out and "epmci check: PASS" in out
 
 

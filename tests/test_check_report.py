@@ -77,8 +77,9 @@ def test_json_markdown_console_render_any_suite(tmp_path, monkeypatch):
     md = rep.markdown(report)
     assert "## epmci check: FAIL" in md and "### perf (" in md and "| tok/s ci |" in md
     # the line that matters comes right after the verdict: the first failing check and why
-    first = md.splitlines()[2]
-    assert first.startswith("**kernel / L5 E63: ") and "max_abs_err 0.03" in first and "(and 1 more)" in first, first
+    first = md.splitlines()[0]
+    assert first.startswith("## epmci check: FAIL ❌ -- kernel / L5 E63: ") and "max_abs_err 0.03" in first, first
+    assert "(and 1 more)" in md.splitlines()[2]
     assert "skipped by --no-perf" in md and "<details>" in md
     con = rep.render_console(report, width=120)
     assert "L5 E63" in con and "Failures:" in con and "1 passed, 1 failed, 1 errors, 1 skipped" in con

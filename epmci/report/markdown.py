@@ -16,7 +16,9 @@ def _md(s: str) -> str:
 def markdown(report: CheckReport) -> str:
     c = report.counts()
     icon = "✅" if report.exit_code == 0 else "❌"
-    out = [f"## epmci check: {report.verdict} {icon}", "", f"**{_md(headline(report))}**", ""]
+    line = headline(report)
+    out = [f"## epmci check: {report.verdict} {icon} -- {_md(line if len(line) <= 160 else line[:157] + '...')}",
+           "", f"**{_md(line)}**", ""]
     out.append(f"{c[PASS]} passed, {c[FAIL]} failed, {c[ERROR]} errors, {c[SKIP]} skipped "
                f"in {report.seconds:.1f} s")
     out += ["", _md(coverage(report))]
