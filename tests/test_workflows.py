@@ -692,10 +692,11 @@ def test_the_test_workflow_uses_the_action_with_both_engines():
 def test_action_check_step_builds_argv_the_cli_takes_and_reports_the_exit(action, tmp_path, inputs, want, absent, rc):
     step = action_step(action, "check")
     env = {"MODEL": "ci", "PROFILE": "local", "FAST": "false", "TIMING": "true", "OUT": "epmci-out",
-           "EPMCI_STUB_RC": str(rc), **inputs}
+           "EPMCI_STUB_RC": str(rc), "GITHUB_JOB": "smoke", "GITHUB_RUN_ID": "7", "GITHUB_RUN_ATTEMPT": "1", **inputs}
     r, outputs = _run_step(step, tmp_path, env)
     assert r.returncode == 0, r.stderr                 # the last step exits as epmci did
     assert outputs["exit-code"] == str(rc) and outputs["junit"] == "epmci-out/junit.xml"
+    assert outputs["artifact"] == "epmci-smoke-ci-7-1"             # a valid artifact name, whatever the model
     (argv,) = [json.loads(l) for l in (tmp_path / "epmci.log").read_text().splitlines()]
     assert parse_error(["epmci", *argv]) is None, argv
     joined = " ".join(argv)
