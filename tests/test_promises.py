@@ -79,6 +79,13 @@ def test_slot_promises_name_both_counts(tiny_model):
     fewer = rec | {"n_slots_large": want["large"] - 1, "n_slots": rec["n_slots"] - 1}
     (p, *_) = promises.broken(records=[fewer], **kw)
     assert f"{want['large']} large" in p and f"{want['large'] - 1} large" in p
+    # an arena below the minimum must be refused; an engine that ran with it broke a promise
+    tiny_arena = facts.min_arena_bytes(2, False) / 2 / 2**20
+    (p, *_) = promises.broken(records=[rec], **{**kw, "arena_mb": tiny_arena})
+    assert "below the contract's minimum" in p and "must refuse" in p
+    # the slots may not change between the records of one run
+    changed = rec | {"phase": "decode", "n_slots_small": want["small"] - 1, "n_slots": rec["n_slots"] - 1}
+    assert any("the arena changed during the run" in x for x in promises.broken(records=[rec, changed], **kw))
     # SDQ_ARENA_MB overrides --arena-mb: the same record against twice the arena is wrong
     assert promises.broken(records=[rec], **{**kw, "arena_mb": 2 * arena_mb, "env": {"SDQ_ARENA_MB": f"{arena_mb:.6f}"}}) == []
     assert promises.broken(records=[rec], **{**kw, "arena_mb": 2 * arena_mb})

@@ -59,7 +59,10 @@ def broken_promises(facts: ModelFacts, *, arena_mb: float | None, batch: int, ra
         classes = facts.slot_classes(uniform)
         sizes = {"small": classes[0] if len(classes) == 2 else 0, "large": classes[-1]}
         layout = "uniform" if uniform else "mixed"
-        if want is not None and got != want:
+        if want is None:
+            problems.append(f"arena of {asked} B at -b {batch}, {layout} slots is below the contract's minimum "
+                            f"({facts.min_arena_bytes(batch, uniform)} B), yet the engine ran: it must refuse (exit 2)")
+        elif got != want:
             problems.append(f"arena of {asked} B at -b {batch}, {layout} slots: the contract gives "
                             f"{want['small']} small + {want['large']} large slots, the engine reports "
                             f"{got['small']} small + {got['large']} large")
@@ -69,9 +72,13 @@ def broken_promises(facts: ModelFacts, *, arena_mb: float | None, batch: int, ra
                 problems.append(f"arena_mb {first.get('arena_mb')} reported, the contract's slots take "
                                 f"{want_mb} MiB of the {asked / MiB:.3f} MiB asked")
     for r in records:
-        if int(r.get("n_slots", 0)) != got["small"] + got["large"]:
+        small, large = int(r.get("n_slots_small", 0)), int(r.get("n_slots_large", 0))
+        if (small, large) != (got["small"], got["large"]):
+            problems.append(f"{r['phase']}: {small} small + {large} large slots, the first record "
+                            f"{got['small']} + {got['large']}: the arena changed during the run")
+        if int(r.get("n_slots", 0)) != small + large:
             problems.append(f"{r['phase']}: n_slots {r.get('n_slots')} is not n_slots_small + n_slots_large "
-                            f"({got['small']} + {got['large']})")
+                            f"({small} + {large})")
         problems += _reads(facts, r)
     if ram_budget_mb is not None:
         peak = max(float(r.get("peak_rss_mb", 0)) for r in records)
