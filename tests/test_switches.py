@@ -32,6 +32,16 @@ def test_every_documented_switch_is_exercised():
     assert any(not r.prefetch for r in RUNS) and {1, 3} <= {r.batch for r in RUNS}   # --no-prefetch, -b 1, odd -b
 
 
+def test_evidence_is_asked_only_of_a_value_that_selects_the_branch():
+    """SDQ_IO_PARALLEL=1 or SDQ_ADMIT_MIN_HITS=1 is the default path: no serial read or
+    transient read is owed; =0 and =2 owe them."""
+    assert not EVIDENCE["SDQ_IO_PARALLEL"].selects("1") and EVIDENCE["SDQ_IO_PARALLEL"].selects("0")
+    assert not EVIDENCE["SDQ_ADMIT_MIN_HITS"].selects("1") and EVIDENCE["SDQ_ADMIT_MIN_HITS"].selects("2")
+    assert not EVIDENCE["SDQ_PREFETCH"].selects("1") and EVIDENCE["SDQ_PREFETCH"].holds("0", {})
+    assert not EVIDENCE["SDQ_PREFETCH_LAYER_AHEAD"].holds("2", {"prefetch_predictions": 5,
+                                                                 "prefetch_layers_ahead": 5})
+
+
 def test_every_documented_switch_has_its_branch_evidence():
     """A switch run must show that its switch's code ran: every data-path switch of the
     contract has a branch event (or a reported number the simulation checks), and the event
@@ -148,6 +158,15 @@ FAULTS = {
             return good_read(self, key, slot)
         F.PrefetchQueue.pump, P.Pager._read_into_slot = pump, _read_into_slot
     """, ["layer-ahead 2, queue 2"], "differs from the reference"),
+    # serial reads and fadvise ignored: the bytes and every counter are as in the default run,
+    # so only the run's branch events can tell the switches had no effect
+    "SDQ_IO_PARALLEL=0 and SDQ_FADV_DONTNEED=1 ignored": ("""
+        import engine.paging.expert_io as IO
+        good = IO.ExpertIO.__init__
+        def __init__(self, path, threads=4, parallel=True, fadvise_dontneed=False, direct=True):
+            good(self, path, threads, True, False, direct)
+        IO.ExpertIO.__init__ = __init__
+    """, ["serial reads, one reader, fadvise"], "did not reach its switch's branch (SDQ_IO_PARALLEL=0"),
     # the queue's cap not applied: nothing ever waits, so the queue's run never reaches its branch
     "SDQ_PREFETCH_QUEUE ignored": ("""
         import engine.paging.prefetch as F

@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from ...compare.counters import counter_changes
 from ...compare.logits import compare_logits
@@ -83,10 +84,11 @@ COUNTER_FIELDS = ("hits", "misses", "evictions", "ssd_bytes")
 
 @dataclass(frozen=True)
 class Evidence:
-    """What a run that sets a switch must show in its stats (docs/engine-contract.md, Stats:
-    branch events), or it never reached the code the switch selects."""
+    """What a run that sets a switch to a value selecting its branch must show in its stats
+    (docs/engine-contract.md, Stats: branch events), or it never reached that code."""
     event: str                 # the stats field
     text: str                  # the rule, for the message
+    selects: Callable[[str], bool] = lambda v: True    # the value takes the switch's branch
 
     def holds(self, value: str, totals: dict) -> bool:
         n = totals.get(self.event, 0)
@@ -103,12 +105,13 @@ class Evidence:
 # n_slots_small, SDQ_DIRECT_IO=0: io_bytes = ssd_bytes); SDQ_IO_THREADS changes who reads,
 # not what or how much, so its evidence is every counter equal to the default run's.
 EVIDENCE = {
-    "SDQ_ADMIT_MIN_HITS": Evidence("transient_reads", "misses computed from a transient buffer > 0"),
-    "SDQ_HOT_PIN": Evidence("pinned_hits", "hits on pinned slots > 0"),
+    "SDQ_ADMIT_MIN_HITS": Evidence("transient_reads", "misses computed from a transient buffer > 0",
+                                   lambda v: int(v) > 1),
+    "SDQ_HOT_PIN": Evidence("pinned_hits", "hits on pinned slots > 0", lambda v: int(v) > 0),
     "SDQ_PROFILE_IN": Evidence("pinned_hits", "hits on pinned slots > 0"),
-    "SDQ_IO_PARALLEL": Evidence("serial_reads", "expert reads done range after range > 0"),
-    "SDQ_FADV_DONTNEED": Evidence("fadvise_ranges", "ranges dropped from the page cache > 0"),
-    "SDQ_PREFETCH": Evidence("prefetch_predictions", "no predictions at all"),
+    "SDQ_IO_PARALLEL": Evidence("serial_reads", "expert reads done range after range > 0", lambda v: v == "0"),
+    "SDQ_FADV_DONTNEED": Evidence("fadvise_ranges", "ranges dropped from the page cache > 0", lambda v: v == "1"),
+    "SDQ_PREFETCH": Evidence("prefetch_predictions", "no predictions at all", lambda v: v == "0"),
     "SDQ_PREFETCH_LAYER_AHEAD": Evidence("prefetch_layers_ahead", "every prediction made D layers ahead"),
     "SDQ_PREFETCH_QUEUE": Evidence("prefetch_late", "predictions issued after waiting for the queue > 0"),
     "SDQ_PREFETCH_STALE_TOKENS": Evidence("prefetch_stale", "outstanding prefetches gone stale > 0"),
@@ -210,7 +213,7 @@ class SwitchesSuite:
         if run.stdout != resident.stdout and rule.mode == "exact":
             problems.append("generated text differs from the resident run's")
         # 2. the switch's code ran, 3. the counters the switch promises and its effect
-        problems += self._evidence(r, stats, props)
+        problems += self._evidence(r, stats, props, ctx.cfg.switches.hot_pin)
         try:
             problems += self._counters(ctx, r, out, stats, prompt, props)
         except ContractError as e:
@@ -223,14 +226,14 @@ class SwitchesSuite:
                             f" (decode: {c.get('hits')} hits, {c.get('misses')} misses, {c.get('evictions')} evictions)")
 
     @staticmethod
-    def _evidence(r: SwitchRun, stats: list[dict], props: dict) -> list[str]:
+    def _evidence(r: SwitchRun, stats: list[dict], props: dict, hot_pin: int) -> list[str]:
         """Every switch the run sets left its branch event in the stats (summed over phases)."""
         totals = {e: sum(int(s.get(e, 0)) for s in stats) for e in BRANCH_EVENTS}
         props["branch_events"] = totals
-        env = dict(r.env)
+        env = {k: v.replace(HOT_PIN, str(hot_pin)) for k, v in r.env.items()}
         if not r.prefetch:                     # --no-prefetch: as SDQ_PREFETCH=0
             env.setdefault("SDQ_PREFETCH", "0")
-        own = {k: v for k, v in env.items() if k in EVIDENCE}
+        own = {k: v for k, v in env.items() if k in EVIDENCE and EVIDENCE[k].selects(v)}
         props["branch_evidence"] = {k: f"{EVIDENCE[k].event}={totals.get(EVIDENCE[k].event, 0)}" for k in own}
         missing = [f"{k}={v}: {EVIDENCE[k].text}, but {EVIDENCE[k].event} = {totals.get(EVIDENCE[k].event, 0)}"
                    for k, v in own.items() if not EVIDENCE[k].holds(v, totals)]
