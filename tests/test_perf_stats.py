@@ -251,6 +251,9 @@ def test_tail_test_exact_p_value_on_a_hand_made_case():
     t = tail_test([1, 2, 3, 4], [5, 6, 7, 8], quantile=0.75)      # top 2 of 8 are both the head's
     assert (t.above, t.head_above) == (2, 2) and t.p_value == pytest.approx(6 / 28)   # C(4,2)/C(8,2)
     assert tail_test([5, 6, 7, 8], [1, 2, 3, 4], quantile=0.75).p_value == 1.0
+    # identical step times (a coarse clock): ties go to the base, so no false alarm from them
+    tie = tail_test([0.01] * 50, [0.01] * 50)
+    assert tie.head_above == 0 and tie.p_value == 1.0
 
 
 @pytest.mark.parametrize("noise", ["normal", "heavy"])
