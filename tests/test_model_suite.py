@@ -140,3 +140,18 @@ def test_an_engine_tokenizing_non_ascii_text_wrongly_fails(tmp_path, tiny_model,
     st, msg = model_results(tmp_path, tiny_model, fault)
     assert st["prompt positions"] == "fail", what
 
+
+
+def test_the_default_tolerance_fails_an_engine_that_is_not_bit_exact_but_wrong(tmp_path, tiny_model):
+    """An engine without reference_exact is compared within model_suite.max_kl (0.01): a copy
+    whose logits rows are reversed -- plausible numbers, the wrong distribution -- fails at the
+    first position on the defaults, while the same copy unbroken passes (test_teacher_forcing)."""
+    cmd = broken_engine(tmp_path, """
+        import engine.runtime as R
+        good = R.Engine.eval
+        R.Engine.eval = lambda self, tokens, phase="prefill": good(self, tokens, phase)[:, ::-1].copy()
+    """, reference_exact=False)
+    rc, rep = run_check(tmp_path, tiny_model, cmd, *SUITE)
+    prompt = results(rep, "model")[0]
+    assert rc == 1 and prompt["properties"]["mode"] == "kl", prompt
+    assert "differ from the reference (kl <= 0.01): first at position 0" in prompt["message"], prompt["message"]
