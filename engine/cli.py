@@ -130,7 +130,8 @@ def run(a: argparse.Namespace) -> int:
         raise ModelError("--pace-fds: paces generated decode steps; --selftest and --tokens-in generate none")
     pacer = Pacer(a.pace_fds) if a.pace_fds else None
     opts = Options(n_ctx=a.ctx_size, threads=a.threads, batch=a.batch_size, pager=not a.no_pager,
-                   pager_config=None if a.no_pager else _pager_config(a))
+                   pager_config=None if a.no_pager else _pager_config(a),
+                   keep_logits=bool(a.dump_logits or a.tokens_in))
     engine = Engine(a.model, opts)
     try:
         if a.selftest:

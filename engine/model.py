@@ -64,6 +64,8 @@ def kv_cache_bytes(hp, n_ctx: int) -> int:
 
 
 class Model:
+    rms_norm = staticmethod(ops.rms_norm)   # squares in double (qwen35moe: float32 squares)
+
     def __init__(self, gm: GGUFModel, experts: ExpertStore, n_ctx: int):
         self.gm, self.hp, self.experts = gm, gm.hp, experts
         hp = self.hp
@@ -92,8 +94,19 @@ class Model:
     def _vec(self, name: str) -> np.ndarray:
         return self._w[name][0]
 
-    def forward(self, tokens: np.ndarray) -> np.ndarray:
-        """Evaluate a micro-batch of tokens at positions n_past..; returns logits (n, n_vocab)."""
+    def logits(self, x: np.ndarray, rows: int | None) -> np.ndarray:
+        """The output head for the last `rows` rows of the residual stream x (None: all).
+        Rows are independent, so a row's logits have the same bits however many are asked;
+        at a 248k-token vocabulary the head is most of a prefill's work and its rows the
+        largest arrays a run keeps."""
+        if rows is not None:
+            x = x[len(x) - rows:]
+        h = self.rms_norm(x, self._vec("output_norm.weight"), self.hp.rms_eps)
+        return self._mm("output.weight" if "output.weight" in self._w else "token_embd.weight", h)
+
+    def forward(self, tokens: np.ndarray, logits_rows: int | None = None) -> np.ndarray:
+        """Evaluate a micro-batch of tokens at positions n_past..; returns the logits of its
+        last `logits_rows` positions (None: all n), (rows, n_vocab)."""
         hp = self.hp
         tokens = np.asarray(tokens, dtype=np.int64)
         n, D, p0 = len(tokens), hp.head_dim, self.n_past
@@ -128,9 +141,7 @@ class Model:
 
         self.experts.end_batch(n)
         self.n_past += n
-        h = ops.rms_norm(x, self._vec("output_norm.weight"), hp.rms_eps)
-        head = "output.weight" if "output.weight" in self._w else "token_embd.weight"
-        return self._mm(head, h)
+        return self.logits(x, logits_rows)
 
     def route(self, il: int, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Router softmax over all experts, top-k (ties: lower id), renormalized weights."""

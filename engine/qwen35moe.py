@@ -56,6 +56,7 @@ def state_bytes(hp: HParams, n_ctx: int) -> int:
 class Qwen35Model(Model):
     """The forward pass above; the routed experts (routing, paging, the weighted sum, the
     MoE trace) are Model's."""
+    rms_norm = staticmethod(rms_norm)
 
     def __init__(self, gm: GGUFModel, experts: ExpertStore, n_ctx: int):
         # the attention layers' KV cache slots, which Model.__init__ shapes the cache by
@@ -84,8 +85,9 @@ class Qwen35Model(Model):
     def on_moe(self, fn: Callable[[Qwen35Trace], None] | None) -> None:
         self._trace = None if fn is None else (lambda t: fn(Qwen35Trace(**vars(t), shared=self._shared_out)))
 
-    def forward(self, tokens: np.ndarray) -> np.ndarray:
-        """Evaluate a micro-batch of tokens at positions n_past..; returns logits (n, n_vocab)."""
+    def forward(self, tokens: np.ndarray, logits_rows: int | None = None) -> np.ndarray:
+        """Evaluate a micro-batch of tokens at positions n_past..; returns the logits of its
+        last `logits_rows` positions (None: all n), (rows, n_vocab)."""
         hp, s = self.hp, self.hp.ssm
         tokens = np.asarray(tokens, dtype=np.int64)
         n, D, H, Hkv, p0 = len(tokens), hp.head_dim, hp.n_head, hp.n_head_kv, self.n_past
@@ -145,9 +147,7 @@ class Qwen35Model(Model):
 
         self.experts.end_batch(n)
         self.n_past += n
-        h = rms_norm(x, self._vec("output_norm.weight"), eps)
-        head = "output.weight" if "output.weight" in self._w else "token_embd.weight"
-        return self._mm(head, h)
+        return self.logits(x, logits_rows)
 
     def shared_expert(self, il: int, u: np.ndarray) -> np.ndarray:
         """down(silu(gate u) * up u) * sigmoid(ffn_gate_inp_shexp . u), one gate per row."""

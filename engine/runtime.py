@@ -32,6 +32,9 @@ class Options:
     batch: int = 32
     pager: bool = True
     pager_config: PagerConfig | None = None  # None: defaults from the environment
+    # generate() returns every position's logits; False: only what sampling needs (at a
+    # 248k-token vocabulary a 4096-token prompt's logits alone are 4 GB)
+    keep_logits: bool = True
 
 
 class Engine:
@@ -41,17 +44,19 @@ class Engine:
         self.gm = GGUFModel(model_path)
         self.tokenizer = self.gm.tokenizer
         self.experts: ExpertStore
+        forward, cache_bytes = FORWARDS[self.gm.hp.arch]
         if self.options.pager:
             from .paging.pager import Pager   # --no-pager never imports the paging machinery
             cfg = self.options.pager_config or PagerConfig.from_env()
-            self.experts = Pager(self.gm, cfg, batch=self.options.batch,
-                                 n_ctx=self.options.n_ctx)
+            # plans the arena and checks the budget before anything large is read or allocated
+            self.experts = Pager(self.gm, cfg, batch=self.options.batch, n_ctx=self.options.n_ctx,
+                                 kv_bytes=cache_bytes(self.gm.hp, self.options.n_ctx),
+                                 keep_logits=self.options.keep_logits)
         else:
             self.experts = ResidentExperts(self.gm)
-        forward, cache_bytes = FORWARDS[self.gm.hp.arch]
         try:
-            if self.options.pager:   # before anything large is read or allocated
-                self.experts.check_budget(cache_bytes(self.gm.hp, self.options.n_ctx))
+            if self.options.pager:
+                self.experts.start()
             self.gm.load_resident()
             self.model: Model = forward(self.gm, self.experts, self.options.n_ctx)
         except BaseException:
@@ -64,8 +69,9 @@ class Engine:
     def close(self) -> None:
         self.experts.close()
 
-    def eval(self, tokens, phase: str = "prefill") -> np.ndarray:
-        """Evaluate tokens in micro-batches of `batch`; returns logits for every position."""
+    def eval(self, tokens, phase: str = "prefill", all_logits: bool = True) -> np.ndarray:
+        """Evaluate tokens in micro-batches of `batch`; returns the logits of every position,
+        or with all_logits=False of the last one only (1, n_vocab)."""
         tokens = np.asarray(tokens, dtype=np.int64)
         stats = self._phase(phase)
         before = self.experts.counters()
@@ -73,7 +79,8 @@ class Engine:
         out = []
         b = max(1, self.options.batch)
         for i in range(0, len(tokens), b):
-            out.append(self.model.forward(tokens[i:i + b]))
+            rows = None if all_logits else (1 if i + b >= len(tokens) else 0)
+            out.append(self.model.forward(tokens[i:i + b], rows))
         stats.seconds += time.perf_counter() - t0
         stats.tokens += len(tokens)
         self._accumulate(stats, before)
@@ -111,7 +118,8 @@ class Engine:
         """Prefill, then decode up to n_predict tokens (stopping at EOS).
 
         Returns the generated ids and the logits of every evaluated position: the prompt's
-        positions, then each generated token that was fed back (see docs/engine-contract.md).
+        positions, then each generated token that was fed back (see docs/engine-contract.md);
+        with Options.keep_logits False only the prompt's last position's.
         `pacer` (optional): its before_step() runs before and after_step() after each decode
         step, so a caller can hold every step and time it (the CLI's --pace-fds).
         """
@@ -120,7 +128,7 @@ class Engine:
         if len(prompt_tokens) + n_predict > self.options.n_ctx:
             raise ValueError(f"prompt ({len(prompt_tokens)}) + n_predict ({n_predict}) exceeds context {self.options.n_ctx}")
         rng = np.random.default_rng(seed)
-        rows = [self.eval(prompt_tokens, "prefill")]
+        rows = [self.eval(prompt_tokens, "prefill", self.options.keep_logits)]
         generated: list[int] = []
         last = rows[0][-1]
         for i in range(n_predict):
@@ -135,7 +143,8 @@ class Engine:
             last = self.eval([tok], "decode")[-1]
             if pacer:
                 pacer.after_step()
-            rows.append(last[None, :])
+            if self.options.keep_logits:
+                rows.append(last[None, :])
         return generated, np.concatenate(rows)
 
     def teacher_force(self, tokens: list[int], n_prefill: int) -> np.ndarray:

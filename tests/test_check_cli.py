@@ -100,8 +100,8 @@ def test_e2e_modes_for_an_external_engine(tmp_path, tiny_model, built_engine):
     cmd = wrapper(tmp_path, """
         import engine.runtime as R
         good = R.Engine.eval
-        def eval_(self, tokens, phase="prefill"):
-            out = good(self, tokens, phase)
+        def eval_(self, tokens, phase="prefill", *rest):
+            out = good(self, tokens, phase, *rest)
             return out + np.float32(1e-4) if self.options.pager else out
         R.Engine.eval = eval_
     """)

@@ -149,7 +149,7 @@ def test_the_default_tolerance_fails_an_engine_that_is_not_bit_exact_but_wrong(t
     cmd = broken_engine(tmp_path, """
         import engine.runtime as R
         good = R.Engine.eval
-        R.Engine.eval = lambda self, tokens, phase="prefill": good(self, tokens, phase)[:, ::-1].copy()
+        R.Engine.eval = lambda self, tokens, phase="prefill", *rest: good(self, tokens, phase, *rest)[:, ::-1].copy()
     """, reference_exact=False)
     rc, rep = run_check(tmp_path, tiny_model, cmd, *SUITE)
     prompt = results(rep, "model")[0]

@@ -206,6 +206,48 @@ def test_prod35_preset_has_the_production_layer_shape():
     assert [q.is_recurrent(il) for il in range(p.n_layer)] == [(il + 1) % 4 != 0 for il in range(p.n_layer)]
 
 
+def test_prod35_full_preset_has_the_production_models_shape():
+    """prod35-full is the production model's shape: 40 layers (every 4th full attention),
+    Q6_K down -- the larger expert -- on exactly layers 34, 38 and 39, a 248,320-token
+    vocabulary, 4096 context; about 21.5 GB (checked from the tensor plan, not written)."""
+    p = PRESETS["prod35-full"]
+    q = p.qwen35
+    assert (p.n_layer, p.n_vocab, p.n_ctx, p.n_expert, p.n_expert_used) == (40, 248320, 4096, 256, 8)
+    assert [il for il in range(p.n_layer) if not q.is_recurrent(il)] == list(range(3, 40, 4))
+    assert [il for il in range(p.n_layer) if p.down_type(il) == Q.Q6_K] == [34, 38, 39]
+    small = PRESETS["prod35"]
+    assert (p.n_embd, p.n_ff_exp, p.n_head, p.n_head_kv, p.head_dim, p.qwen35) == \
+        (small.n_embd, small.n_ff_exp, small.n_head, small.n_head_kv, small.head_dim, small.qwen35)
+    items = TensorPlan(p, 0).items
+    total = sum(int(np.prod(shape)) * (4 if qtype == Q.F32 else 1) for _, shape, qtype, _ in items)
+    assert 21.4e9 < total < 21.6e9
+
+
+def test_make_is_atomic_readable_and_clears_stale_temps(tmp_path, monkeypatch):
+    """A make killed by SIGKILL leaves its temp file; the next make of the same target
+    removes it (a dead writer's pid is in its name) but never a live writer's. The model is
+    readable like any file (umask, not mkstemp's 0600), and progress is reported."""
+    import os
+    from epmci.synth import writer
+    out = tmp_path / "m.gguf"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    stale, live = tmp_path / f"m.gguf.{dead}.abc.tmp", tmp_path / f"m.gguf.{os.getppid()}.def.tmp"
+    other = tmp_path / f"n.gguf.{dead}.abc.tmp"
+    for f in (stale, live, other):
+        f.write_bytes(b"half a model")
+    seen = []
+    monkeypatch.setattr(os, "umask", lambda mask=0o022: 0o022)   # read back by the writer
+    writer.write_model(PRESETS["tiny"], 0, out, lambda stage, done, total: seen.append((stage, done, total)))
+    assert not stale.exists() and live.exists() and other.exists()
+    assert sha256(out) == sha256(make_model("tiny"))
+    assert out.stat().st_mode & 0o777 == 0o644
+    writes = [d for st, d, t in seen if st == "write"]
+    assert writes == sorted(writes) and writes[-1] == seen[0][2]
+    assert [d for st, d, t in seen if st == "calibrate"] == list(range(1, PRESETS["tiny"].n_layer + 1))
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["m.gguf", live.name, other.name])
+
+
 def _top8_share(path, tokens) -> float:
     """Mean over layers of the share of routed slots taken by a layer's 8 busiest experts."""
     from collections import Counter

@@ -515,3 +515,42 @@ def test_pager_reads_land_in_their_slots(ci, sizes):
                 assert v.tobytes() == np.ascontiguousarray(mf.read_expert(layer, e, part)).tobytes()
     finally:
         eng.close()
+
+
+def test_cli_default_arena_shrinks_to_fit_the_budget(ci, sizes, resident, tmp_path):
+    """With --ram-budget-mb and no --arena-mb the default arena (25 % of the expert bytes)
+    gives way to what the budget leaves after everything else, never below the minimum;
+    a budget even the minimum arena cannot meet is refused with the numbers."""
+    base = ["-m", ci, "-p", PROMPT, "--no-chat", "-n", str(N_PREDICT), "-c", str(N_CTX), "-b", str(BATCH)]
+    base += ["--dump-logits", "--logits-out", str(tmp_path / "l.bin")]
+    stats = tmp_path / "free.jsonl"
+    assert cli(base + ["--stats-file", str(stats)], cwd=tmp_path).returncode == 0
+    free = json.loads(stats.read_text().splitlines()[0])
+    assert free["arena_mb"] >= 0.25 * sizes["total_mib"] - 1
+    budget = round(free["ram_need_mb"] - 0.3 * free["arena_mb"])   # room for ~70 % of the default
+    stats = tmp_path / "capped.jsonl"
+    p = cli(base + ["--ram-budget-mb", str(budget), "--stats-file", str(stats)], cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    rec = json.loads(stats.read_text().splitlines()[0])
+    assert sizes["min_mib"] <= rec["arena_mb"] < free["arena_mb"]
+    assert rec["ram_need_mb"] <= budget
+    assert (tmp_path / "l.bin").read_bytes()[4:] == resident.logits.astype("<f4").tobytes()
+    line = _one_line_error(cli(base + ["--ram-budget-mb", str(round(free["ram_need_mb"] - free["arena_mb"]))],
+                               cwd=tmp_path))
+    assert re.search(r"needs [\d.]+ MiB \(resident weights [\d.]+ \+ arena [\d.]+ \+", line), line
+
+
+def test_logits_are_kept_only_when_asked(ci, resident, tmp_path):
+    """Without --dump-logits the engine computes and keeps only the logits sampling needs
+    (at a 248k-token vocabulary a prompt's logits are gigabytes): the same tokens, and a
+    smaller need."""
+    base = ["-m", ci, "-p", PROMPT, "--no-chat", "-n", str(N_PREDICT), "-c", str(N_CTX), "-b", str(BATCH), "--no-pager"]
+    kept = cli(base + ["--dump-logits", "--logits-out", str(tmp_path / "l.bin")], cwd=tmp_path)
+    lean = cli(base, cwd=tmp_path)
+    assert kept.returncode == lean.returncode == 0, kept.stderr + lean.stderr
+    assert kept.stdout == lean.stdout and lean.stdout.strip()
+    from engine.gguf_model import GGUFModel
+    from engine.paging import budget
+    gm = GGUFModel(ci)
+    assert budget.work_buffer_bytes(gm, BATCH, N_CTX, keep_logits=False) < \
+        budget.work_buffer_bytes(gm, BATCH, N_CTX, keep_logits=True)

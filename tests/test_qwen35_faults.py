@@ -90,12 +90,12 @@ def test_state_reset_between_prefill_and_decode(tmp_path, tiny35_model):
     rep = check_broken(tmp_path, tiny35_model, """
         import engine.runtime as R
         good = R.Engine.eval
-        def eval(self, tokens, phase="prefill"):
+        def eval(self, tokens, phase="prefill", *rest):
             if phase == "decode" and not getattr(self, "decoding", False):
                 self.decoding = True
                 for a in [*self.model.conv_state.values(), *self.model.ssm_state.values()]:
                     a[:] = 0
-            return good(self, tokens, phase)
+            return good(self, tokens, phase, *rest)
         R.Engine.eval = eval
     """, "model")
     st, msg = statuses(rep, "model"), messages(rep, "model")

@@ -428,3 +428,19 @@ def test_matmul_rejects_bad_input():
         rq.matmul(np.zeros((2, 18), np.uint8), QT.Q4_0, np.zeros((1, 32), np.float32))
     with pytest.raises(TypeError):
         rq.matvec(w, QT.Q4_K, rq.quantize_q8_0(np.zeros(256, np.float32)))
+
+
+@pytest.mark.parametrize("qtype", WTYPES + [QT.F32], ids=lambda t: t.name)
+def test_matmul_in_row_slices_gives_the_same_bits(qtype, monkeypatch):
+    """A large weight (the 248k-row output head) is multiplied in slices of rows to bound
+    memory; the slicing must not change a bit."""
+    rng = np.random.default_rng(70 + int(qtype))
+    rows, k, n = 37, 512, 4
+    if qtype == QT.F32:
+        w = rng.standard_normal((rows, k)).astype(np.float32).view(np.uint8)
+    else:
+        w = random_rows(rng, qtype, rows, k, full_range=False)
+    x = rng.standard_normal((n, k)).astype(np.float32)
+    whole = rq.matmul(w, qtype, x)
+    monkeypatch.setattr(rq, "_DOT_CHUNK_BYTES", 1)   # one row per slice
+    assert np.array_equal(bits32(rq.matmul(w, qtype, x)), bits32(whole))

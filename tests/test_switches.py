@@ -107,11 +107,11 @@ FAULTS = {
     """, ["admit=2, -b 1"], "not what the contract's cache policy gives"),
     "hot pins loaded with the neighbouring expert's bytes": ("""
         import engine.paging.pager as P
-        good = P.Pager._start
-        def _start(self):
+        good = P.Pager.start
+        def start(self):
             self.pins = [((k[0], (k[1] + 1) % self.gm.hp.n_expert), s) for k, s in self.pins]
             good(self)
-        P.Pager._start = _start
+        P.Pager.start = start
     """, ["hot pins, uniform slots"], "differs from the reference"),
     "serial reads put the up part's bytes into down": ("""
         import engine.paging.expert_io as IO

@@ -135,8 +135,8 @@ def test_compare_two_engines_position_by_position(tmp_path, tiny_model, capsys):
     off = broken_engine(tmp_path, """
         import engine.runtime as R
         good = R.Engine.eval
-        def evaluate(self, tokens, phase="prefill"):
-            rows = good(self, tokens, phase)
+        def evaluate(self, tokens, phase="prefill", *rest):
+            rows = good(self, tokens, phase, *rest)
             if phase == "decode" and self.model.n_past == 27:      # the decode step at position 26
                 rows = rows[:, ::-1].copy()
             return rows

@@ -13,8 +13,9 @@ from .arena import MiB
 JIT_ALLOWANCE = 96 * MiB
 
 
-def work_buffer_bytes(gm: GGUFModel, batch: int, n_ctx: int) -> int:
-    """Upper estimate of the forward pass's transient arrays and of the logits a run keeps."""
+def work_buffer_bytes(gm: GGUFModel, batch: int, n_ctx: int, keep_logits: bool = True) -> int:
+    """Upper estimate of the forward pass's transient arrays and of the logits a run keeps
+    (every position's with keep_logits, else the few rows sampling needs)."""
     hp = gm.hp
     b = max(1, batch)
     per_row = 4 * (hp.n_embd * 24                       # residual, norms, q8 copies, MoE sums
@@ -22,24 +23,23 @@ def work_buffer_bytes(gm: GGUFModel, batch: int, n_ctx: int) -> int:
                    + hp.n_head * n_ctx * 4               # attention probabilities (+ f16 copy)
                    + hp.n_expert_used * hp.n_embd * 3    # per-slot expert outputs
                    + hp.n_ff_exp * 8                     # gate, up, swiglu per row
-                   + hp.n_expert * 4                     # router
-                   + hp.n_vocab * 3)                     # the micro-batch's logits
+                   + hp.n_expert * 4)                    # router
     if hp.ssm is not None:   # qwen35moe: delta-net projections, conv and heads; attn_q's gates; shared expert
         s = hp.ssm
         per_row += 4 * (s.conv_dim * 4 + s.value_dim * 8 + hp.n_head * hp.head_dim * 4
                         + hp.n_ff_shexp * 8 + hp.n_embd * 3)
-    kept_logits = 2 * n_ctx * hp.n_vocab * 4             # every position's logits, + concatenation
-    return b * per_row + kept_logits
+    logit_rows = 2 * n_ctx + 3 * b if keep_logits else 8   # kept (+ concatenation) and the micro-batch's
+    return b * per_row + 4 * logit_rows * hp.n_vocab
 
 
 def breakdown(gm: GGUFModel, arena_bytes: int, kv_bytes: int, batch: int, n_ctx: int,
-              transient_bytes: int) -> dict[str, int]:
+              transient_bytes: int, keep_logits: bool = True) -> dict[str, int]:
     """Bytes per item of the budget, in the order the refusal names them."""
     return {
         "resident weights": gm.resident_bytes(),
         "arena": arena_bytes,
         "KV cache": int(kv_bytes),
-        "work buffers": work_buffer_bytes(gm, batch, n_ctx) + transient_bytes,
+        "work buffers": work_buffer_bytes(gm, batch, n_ctx, keep_logits) + transient_bytes,
         "runtime": rss_bytes() + JIT_ALLOWANCE,
     }
 

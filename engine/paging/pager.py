@@ -58,7 +58,11 @@ class _Views(Mapping):
 class Pager:
     """ExpertStore over a fixed arena. See the module docstring."""
 
-    def __init__(self, gm: GGUFModel, cfg: PagerConfig | None = None, batch: int = 32, n_ctx: int = 512):
+    def __init__(self, gm: GGUFModel, cfg: PagerConfig | None = None, batch: int = 32, n_ctx: int = 512,
+                 kv_bytes: int = 0, keep_logits: bool = True):
+        """Plans the arena and checks the RAM budget (kv_bytes: the forward's caches;
+        keep_logits: the run keeps every position's logits) before anything large is
+        allocated or read."""
         self.gm, self.cfg = gm, cfg or PagerConfig()
         hp = gm.hp
         self.batch, self.n_ctx = max(1, batch), n_ctx
@@ -67,16 +71,25 @@ class Pager:
         self.shape_id = [shapes.setdefault(tuple((p.offset_in_slot, p.stride, p.rows, p.row_bytes)
                                                  for p in l.parts), len(shapes)) for l in self.layouts]
         self.expert_bytes_total = hp.n_expert * sum(l.expert_bytes for l in self.layouts)
+
+        def plan_for(arena_bytes: int):
+            return plan_slots(self.layouts, hp.n_expert, hp.n_expert_used, self.batch, arena_bytes,
+                              self.cfg.force_uniform_slot)
+        probe = plan_for(1 << 62)
+        transient = self._transient_bytes(probe)
+        parts = budget.breakdown(gm, 0, kv_bytes, self.batch, n_ctx, transient, keep_logits)
         if self.cfg.arena_mb is not None:
             arena_bytes = int(self.cfg.arena_mb * MiB)
-            plan = plan_slots(self.layouts, hp.n_expert, hp.n_expert_used, self.batch, arena_bytes,
-                              self.cfg.force_uniform_slot)
         else:
-            probe = plan_slots(self.layouts, hp.n_expert, hp.n_expert_used, self.batch, 1 << 62,
-                               self.cfg.force_uniform_slot)
-            arena_bytes = max(int(self.expert_bytes_total * DEFAULT_ARENA_FRACTION), probe.min_bytes)
-            plan = plan_slots(self.layouts, hp.n_expert, hp.n_expert_used, self.batch, arena_bytes,
-                              self.cfg.force_uniform_slot)
+            arena_bytes = int(self.expert_bytes_total * DEFAULT_ARENA_FRACTION)
+            if self.cfg.ram_budget_mb is not None:   # the default leaves the budget's other parts room
+                arena_bytes = min(arena_bytes, int(self.cfg.ram_budget_mb * MiB) - sum(parts.values()))
+            arena_bytes = max(arena_bytes, probe.min_bytes)
+        plan = plan_for(arena_bytes)
+        parts["arena"] = plan.total_bytes
+        self.ram_need_bytes = sum(parts.values())   # reported as ram_need_mb, budget or not
+        if self.cfg.ram_budget_mb is not None:
+            budget.check(self.cfg.ram_budget_mb, parts)
         self.plan = plan
         self.arena_bytes_requested = arena_bytes
         self.policy = CachePolicy(plan.n_slots, plan.class_of_layer, self.cfg.admit_min_hits, plan.need)
@@ -105,7 +118,6 @@ class Pager:
         self.io_bytes = 0       # bytes those reads moved, aligned windows included
         self.pin_bytes = 0
         self.io_wait_s = 0.0
-        self.ram_need_bytes = 0  # what the budget check counted (check_budget)
         # branch events of layer-ahead prefetch: predictions made, and the layers ahead of
         # the current one they were made for (summed), and outstanding prefetches gone stale
         self.predictions = self.layers_ahead = self.prefetch_stale = 0
@@ -117,23 +129,14 @@ class Pager:
 
     # ------------------------------------------------------------ budget / start
 
-    def _transient_bytes(self) -> int:
+    def _transient_bytes(self, plan) -> int:
         """Admission-deferred misses of one layer's micro-batch sit in transient buffers."""
         if self.cfg.admit_min_hits <= 1:
             return 0
-        return max(self.plan.need) * (max(self.plan.class_sizes) + ALIGN)
+        return max(plan.need) * (max(plan.class_sizes) + ALIGN)
 
-    def check_budget(self, kv_bytes: int) -> None:
-        """Refuse (ModelError) unless everything fits in --ram-budget-mb; then load the pins.
-        The need is reported (ram_need_mb) whether or not a budget was given."""
-        parts = budget.breakdown(self.gm, self.plan.total_bytes, kv_bytes, self.batch, self.n_ctx,
-                                 self._transient_bytes())
-        self.ram_need_bytes = sum(parts.values())
-        if self.cfg.ram_budget_mb is not None:
-            budget.check(self.cfg.ram_budget_mb, parts)
-        self._start()
-
-    def _start(self) -> None:
+    def start(self) -> None:
+        """Load the pins (the engine calls it at startup; a fetch before it does too)."""
         if self._started:
             return
         self._started = True
@@ -204,7 +207,7 @@ class Pager:
 
     def begin_layer(self, il: int, x: np.ndarray) -> None:
         if not self._started:
-            self._start()
+            self.start()
         self.current_layer = il
         if self.predictor is None:
             return
@@ -237,7 +240,7 @@ class Pager:
 
     def fetch(self, il: int, experts: list[int]):
         if not self._started:
-            self._start()
+            self.start()
         self.queue.drop_layer(il)
         decisions = self.policy.lookup(il, experts)
         for d in decisions:
@@ -275,7 +278,7 @@ class Pager:
         SDQ_ADMIT_MIN_HITS says) and return (slot, (gate, up, down) views from the slot).
         Call release(il) when done."""
         if not self._started:
-            self._start()
+            self.start()
         key = (il, e)
         self.policy.force_admit(key)
         d = self.policy.lookup(il, [e])[0]

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+import time
+from typing import TextIO
 
 from ..gguf.file import ModelFile
 from ..gguf.info import model_summary, render_summary
@@ -25,8 +28,30 @@ def add_parser(sub) -> None:
     info.set_defaults(func=show_info)
 
 
+class MakeProgress:
+    """A progress bar on stderr: redrawn in place on a terminal, else one line per tenth."""
+
+    def __init__(self, stream: TextIO = sys.stderr):
+        self.stream, self.tty = stream, stream.isatty()
+        self.started = time.monotonic()
+        self.last: tuple[str, int] | None = None
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        tenth = 10 * done // max(1, total)
+        if not self.tty and self.last == (stage, tenth):
+            return
+        self.last = (stage, tenth)
+        bar = "#" * (30 * done // max(1, total))
+        amount = (f"{done / 1e9:.2f}/{total / 1e9:.2f} GB" if stage == "write"
+                  else f"layer {done}/{total}")
+        line = f"{stage:9s} [{bar:30s}] {100 * done // max(1, total):3d}%  {amount}  {time.monotonic() - self.started:.0f} s"
+        end = "\n" if not self.tty or (done >= total and stage == "calibrate") else ""
+        self.stream.write(("\r" if self.tty else "") + line + end)
+        self.stream.flush()
+
+
 def make(a: argparse.Namespace) -> int:
-    print(make_model(a.preset, a.seed, a.out))
+    print(make_model(a.preset, a.seed, a.out, MakeProgress()))
     return 0
 
 

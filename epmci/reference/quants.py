@@ -441,6 +441,9 @@ def quantize_activation(x: np.ndarray, qtype):
     return quant_type(qtype).quantize_activation(np.asarray(x, dtype=np.float32))
 
 
+_DOT_CHUNK_BYTES = 256 * 2**20
+
+
 def _matvec_batch(w: np.ndarray, qtype, a) -> np.ndarray:
     """w (r, row_bytes) uint8; a with leading (n,) -> (n, r) float32."""
     t = quant_type(qtype)
@@ -449,7 +452,15 @@ def _matvec_batch(w: np.ndarray, qtype, a) -> np.ndarray:
         raise ValueError("weights must be (rows, row_bytes)")
     if not isinstance(a, t.activation):
         raise TypeError(f"{t.qtype.name} weights need a {t.activation.__name__} activation")
-    return t.dot(w, a)
+    n, k = (a.qs if isinstance(a, (Q8K, Q80)) else np.asarray(a)).shape
+    # The dots hold int64/float64 intermediates of rows x (values + n x lanes per block):
+    # the 248k-row output head at 64 activation rows would take ~8 GB in one go. Rows are
+    # independent, so slices give the same bits in bounded memory.
+    per_row = 8 * 4 * (k + n * max(1, k // 32))
+    step = max(1, _DOT_CHUNK_BYTES // per_row)
+    if w.shape[0] <= step:
+        return t.dot(w, a)
+    return np.concatenate([t.dot(w[i:i + step], a) for i in range(0, w.shape[0], step)], axis=1)
 
 
 def _lead1(a):

@@ -10,6 +10,7 @@ taking the token whose k-th pick is shared with another token so nothing new goe
 from __future__ import annotations
 
 import os
+from typing import Callable
 
 import numpy as np
 
@@ -22,7 +23,8 @@ MARGIN = 1.0      # logit lead of the forced expert over the token's previous be
 MAX_ROUNDS = 64
 
 
-def calibrate_router(path: str | os.PathLike, tokens: np.ndarray) -> None:
+def calibrate_router(path: str | os.PathLike, tokens: np.ndarray,
+                     layer_done: Callable[[int], None] = lambda layer: None) -> None:
     mf = ModelFile(path)
     X, E, K = mf.hp.n_expert, mf.hp.n_embd, mf.hp.n_expert_used
 
@@ -46,5 +48,6 @@ def calibrate_router(path: str | os.PathLike, tokens: np.ndarray) -> None:
         else:
             raise RuntimeError(f"router calibration did not converge on layer {layer}")
         del w
+        layer_done(layer)
 
     reference_model(mf).forward(tokens, moe_hook=hook)

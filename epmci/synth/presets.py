@@ -60,6 +60,9 @@ class Preset:
     # ~0.1 versus llama.cpp; with 14.0 the smallest lead over 128 positions is 1.2 (tiny35)
     # and 2.4 (ci35), the median 19.
     bigram_lead: float = 8.0
+    # Layers whose experts' down projection is Q6_K (the larger expert size); None: the
+    # last layer and the third from last.
+    q6k_down_layers: tuple[int, ...] | None = None
 
     @property
     def arch(self) -> str:
@@ -70,10 +73,11 @@ class Preset:
         return GENERATOR_VERSION if self.qwen35 is None else QWEN35_GENERATOR_VERSION
 
     def down_type(self, layer: int) -> Q:
-        """Q5_K down on most layers, Q6_K on a lone middle-late layer and the last one,
-        as the production model (Q6_K on 34, 38, 39 of 40) -- so experts come in two sizes."""
+        """Q5_K down on most layers, Q6_K on a few late ones, as the production model (Q6_K
+        on 34, 38, 39 of 40) -- so experts come in two sizes."""
         n = self.n_layer
-        return Q.Q6_K if layer in (n - 1, n - 3) else Q.Q5_K
+        q6k = self.q6k_down_layers if self.q6k_down_layers is not None else (n - 1, n - 3)
+        return Q.Q6_K if layer in q6k else Q.Q5_K
 
 
 # Per-tensor quant types outside the experts: K-quants for attention, Q8_0 for the key
@@ -130,6 +134,14 @@ PRESETS = {
         Preset("prod35", n_layer=8, n_embd=2048, n_ff_exp=512, n_expert=256, n_expert_used=8,
                n_head=16, n_head_kv=2, head_dim=256, n_vocab=4096, n_ctx=4096, rope_base=10000000.0,
                bigram_lead=14.0, qwen35=Qwen35(full_attention_interval=4, conv_kernel=4, state_size=128, group_count=16,
+                             time_step_rank=32, rope_dim=64, rope_sections=(11, 11, 10, 0), n_ff_shexp=512)),
+        # The production model's full shape: 40 layers (30 Gated DeltaNet + 10 attention),
+        # Q6_K down on layers 34, 38 and 39, a 248,320-token vocabulary, 4096 context:
+        # ~21.5 GB. Made only on request, never by the test suite.
+        Preset("prod35-full", n_layer=40, n_embd=2048, n_ff_exp=512, n_expert=256, n_expert_used=8,
+               n_head=16, n_head_kv=2, head_dim=256, n_vocab=248320, n_ctx=4096, rope_base=10000000.0,
+               bigram_lead=14.0, q6k_down_layers=(34, 38, 39),
+               qwen35=Qwen35(full_attention_interval=4, conv_kernel=4, state_size=128, group_count=16,
                              time_step_rank=32, rope_dim=64, rope_sections=(11, 11, 10, 0), n_ff_shexp=512)),
     )
 }

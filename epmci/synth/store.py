@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..errors import InputError
 from .presets import PRESETS
-from .writer import write_model
+from .writer import Progress, write_model
 
 DEFAULT_SEED = 0
 
@@ -36,7 +36,8 @@ def resolve_model(model: str) -> Path:
     return p.resolve()
 
 
-def make_model(preset: str, seed: int = DEFAULT_SEED, out: str | os.PathLike | None = None) -> Path:
+def make_model(preset: str, seed: int = DEFAULT_SEED, out: str | os.PathLike | None = None,
+               progress: Progress | None = None) -> Path:
     """Return the model for (preset, seed), making it if needed.
 
     With `out`, the model is written there; otherwise into the cache, where it is reused.
@@ -48,10 +49,10 @@ def make_model(preset: str, seed: int = DEFAULT_SEED, out: str | os.PathLike | N
         raise InputError(seed, "seed must be >= 0")
     path = Path(out) if out is not None else cached_model_path(preset, seed)
     if out is not None:
-        return write_model(PRESETS[preset], seed, path)
+        return write_model(PRESETS[preset], seed, path, progress)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not path.exists():
-            write_model(PRESETS[preset], seed, path)
+            write_model(PRESETS[preset], seed, path, progress)
     return path

@@ -10,10 +10,12 @@ that the calibration prompt routes to every expert of every layer.
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import os
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGUFWriter
@@ -50,6 +52,7 @@ CONV_STD = 0.5
 # its values down and noise from float order grows with it (ci35: KL 9e-6 at gain 0.6).
 GATED_ATTN_GAIN = 0.3
 QK_NORM_SCALE = 2.5
+EMBEDDING_SLICE_ROWS = 16384
 
 
 def _rng(seed: int, name: str, version: int) -> np.random.Generator:
@@ -152,13 +155,20 @@ class TensorPlan:
         def make():
             out_rows = blocks.random_rows(self._rng("output.weight"), TENSOR_TYPES["output"],
                                           p.n_vocab, E, OUTPUT_GAIN * E**-0.5)
-            out = dequantize(out_rows, TENSOR_TYPES["output"]).astype(np.float64)
             rng = self._rng(name)
             nxt = rng.integers(0, p.n_vocab - 3, size=p.n_vocab)  # ordinary tokens only
-            pull = out[nxt] / np.linalg.norm(out[nxt], axis=1, keepdims=True) * np.sqrt(E)
             beta = p.bigram_lead / np.sqrt(E)
-            emb = rng.standard_normal((p.n_vocab, E)) + beta * pull
-            return gguf_quantize(emb.astype(np.float32), qtype)
+            # In slices of rows: float64 copies of a 248k-token vocabulary would take ~4 GB
+            # each. The generator yields the same normals sliced or whole, so the bytes do
+            # not depend on the slice size.
+            parts = []
+            for lo in range(0, p.n_vocab, EMBEDDING_SLICE_ROWS):
+                out = dequantize(out_rows[nxt[lo:lo + EMBEDDING_SLICE_ROWS]],
+                                 TENSOR_TYPES["output"]).astype(np.float64)
+                pull = out / np.linalg.norm(out, axis=1, keepdims=True) * np.sqrt(E)
+                emb = rng.standard_normal(out.shape) + beta * pull
+                parts.append(gguf_quantize(emb.astype(np.float32), qtype))
+            return np.concatenate(parts)
         block, size = GGML_QUANT_SIZES[qtype]
         self.items.append((name, (p.n_vocab, E // block * size), qtype, make))
 
@@ -227,30 +237,64 @@ def _write_metadata(w: GGUFWriter, p: Preset, seed: int) -> None:
     write_vocab(w, build_vocab(p.n_vocab))
 
 
-def write_model(p: Preset, seed: int, out: str | os.PathLike) -> Path:
-    """Write the model to `out` atomically (temp file in the same folder, then rename)."""
+Progress = Callable[[str, int, int], None]   # (stage, done, total): "write" bytes, "calibrate" layers
+
+
+def _remove_stale_temps(out: Path) -> None:
+    """Temp files of `out` left by a make that was killed (a SIGKILL runs no cleanup); each
+    temp name holds its writer's pid, so a live writer's file is never touched."""
+    for f in out.parent.glob(f"{glob.escape(out.name)}.*.tmp"):
+        pid = f.name[len(out.name) + 1:].split(".", 1)[0]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            f.unlink(missing_ok=True)
+        except PermissionError:   # another user's live process
+            pass
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def write_model(p: Preset, seed: int, out: str | os.PathLike, progress: Progress | None = None) -> Path:
+    """Write the model to `out` atomically (temp file in the same folder, then rename),
+    one tensor at a time. `progress(stage, done, total)` is called as it goes."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent)
+    _remove_stale_temps(out)
+    fd, tmp = tempfile.mkstemp(prefix=f"{out.name}.{os.getpid()}.", suffix=".tmp", dir=out.parent)
     os.close(fd)
+    os.chmod(tmp, 0o666 & ~_umask())   # mkstemp's 0600 would make a private model
+    report = progress or (lambda stage, done, total: None)
     try:
         plan = TensorPlan(p, seed)
         w = GGUFWriter(tmp, p.arch)
         _write_metadata(w, p, seed)
+        sizes = []
         for name, shape, qtype, _ in plan.items:
             dtype = np.float32 if qtype == Q.F32 else np.uint8
             nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+            sizes.append(nbytes)
             w.add_tensor_info(name, shape, np.dtype(dtype), nbytes,
                               raw_dtype=None if qtype == Q.F32 else qtype)
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_ti_data_to_file()
-        for _, _, _, make in plan.items:
+        done, total = 0, sum(sizes)
+        for (_, _, _, make), nbytes in zip(plan.items, sizes):
             w.write_tensor_data(make())
+            done += nbytes
+            report("write", done, total)
         w.close()
         if p.calibrate:
             from .calibrate import calibrate_router
-            calibrate_router(tmp, calibration_tokens(p, seed))
+            calibrate_router(tmp, calibration_tokens(p, seed),
+                             lambda layer: report("calibrate", layer + 1, p.n_layer))
         os.replace(tmp, out)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
