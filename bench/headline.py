@@ -11,8 +11,16 @@ llama.cpp is skipped when llama_cpp is absent. The runs are also written as JSON
 the table can be re-rendered or compared.
 
 Usage: python bench/headline.py [--model PATH | --preset bench] [--repeat 3] [--n-predict 16]
-                                [--threads 2] [--cap-fraction 0.333] [--out results/headline.json]
+                                [--threads 2] [--cap-fraction 0.333 | --cap-mb 8192]
+                                [--arena-fraction 0.55 | --engine-arena] [--out results/headline.json]
                                 [--resident-too] [--buffered-too] [--ref GIT_REF] [--no-llama]
+
+--cap-mb sets the cap itself (the production case: `--preset prod35-full --cap-mb 8192
+--engine-arena`, the engine choosing its arena from --ram-budget-mb = the cap). Each run's
+row reports the share of decode spent waiting for reads, and the table ends with the
+disk's own limit for the engine's reads: expert-sized O_DIRECT reads of the model, from as
+many threads as the engine's readers, after the page cache is dropped -- MB/s and the
+decode tok/s it allows at the engine's MiB per token.
 
 --resident-too, --buffered-too and --ref add rows to the same interleaved run: the engine
 (`--no-pager`) and llama.cpp with the whole file in memory (no limit; the file read into the
@@ -50,7 +58,14 @@ LLAMA_SCRIPT = textwrap.dedent("""
     import json, sys, time
     import llama_cpp
     import numpy as np
-    model, prompt, n, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    model, prompt, n, threads, repack = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1"
+    if not repack:   # every weight through the mmap: no repacked copies in anonymous memory
+        defaults = llama_cpp.llama_cpp.llama_model_default_params
+        def no_repack():
+            p = defaults()
+            p.use_extra_bufts = False
+            return p
+        llama_cpp.llama_cpp.llama_model_default_params = no_repack
     llm = llama_cpp.Llama(model_path=model, n_ctx=512, n_threads=threads, use_mmap=True,
                           flash_attn=False, verbose=False)
     toks = llm.tokenize(prompt.encode(), add_bos=False, special=True)
@@ -117,7 +132,7 @@ def warm_page_cache(cgroup: MemoryCap, model: str) -> None:
     subprocess.run(["cat", model], stdout=subprocess.DEVNULL, check=True, preexec_fn=cgroup.join)
 
 
-def engine_run(cap, model, a, row: Row, arena_mb: int) -> dict:
+def engine_run(cap, model, a, row: Row, arena_mb: int | None) -> dict:
     with tempfile.TemporaryDirectory() as td:
         spec = RunSpec(PROMPT, n_predict=a.n_predict, threads=a.threads, batch=8, ctx=ENGINE_CTX, dump_logits=False,
                        pager=not row.resident, arena_mb=None if row.resident else arena_mb,
@@ -131,7 +146,55 @@ def engine_run(cap, model, a, row: Row, arena_mb: int) -> dict:
         return {"tok_s": dec["tok_s"], "hit_rate": dec["hit_rate"],
                 "mb_per_token": dec["ssd_bytes_per_token"] / 2**20, "peak_rss_mb": dec["peak_rss_mb"],
                 "prefetch_issued": dec["prefetch_issued"], "prefetch_used": dec["prefetch_used"],
-                "io_wait_s": dec["io_wait_s"], "io_direct_pct": dec.get("io_direct_pct"), **cap.stats()}
+                "io_wait_s": dec["io_wait_s"], "io_wait_pct": 100 * dec["io_wait_s"] / max(dec["seconds"], 1e-9),
+                "arena_mb": dec["arena_mb"], "io_direct_pct": dec.get("io_direct_pct"), **cap.stats()}
+
+
+def disk_limit(model: str, threads: int, n_reads: int = 256, seed: int = 0) -> dict:
+    """The disk's throughput for the engine's reads: n_reads random experts' parts, each
+    its 4096-aligned window read with O_DIRECT (buffered where the file system refuses),
+    from `threads` threads, page cache dropped first."""
+    import mmap
+    import random
+    import threading
+    import time
+    from epmci.gguf.file import EXPERT_PARTS, ModelFile
+    mf = ModelFile(model)
+    rng = random.Random(seed)
+    windows = []
+    for _ in range(n_reads):
+        layer, expert = rng.randrange(mf.hp.n_layer), rng.randrange(mf.hp.n_expert)
+        for part in EXPERT_PARTS:
+            r = mf.expert_range(layer, expert, part)
+            lo, hi = r.offset // 4096 * 4096, -(-(r.offset + r.n_bytes) // 4096) * 4096
+            windows.append((lo, min(hi - lo, (os.path.getsize(model) - lo) // 4096 * 4096)))
+    drop_page_cache(model)
+    try:
+        fd, direct = os.open(model, os.O_RDONLY | os.O_DIRECT), True
+    except OSError:
+        fd, direct = os.open(model, os.O_RDONLY), False
+    todo = list(windows)
+    lock = threading.Lock()
+
+    def reader():
+        buf = mmap.mmap(-1, max(n for _, n in windows))   # page-aligned, as O_DIRECT needs
+        while True:
+            with lock:
+                if not todo:
+                    return
+                off, n = todo.pop()
+            os.preadv(fd, [memoryview(buf)[:n]], off)
+    pool = [threading.Thread(target=reader) for _ in range(max(1, threads))]
+    t0 = time.perf_counter()
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    seconds = time.perf_counter() - t0
+    os.close(fd)
+    total = sum(n for _, n in windows)
+    return {"mb_per_s": total / 2**20 / seconds, "read_bytes": total, "reads": len(windows),
+            "expert_bytes": mf.expert_bytes(0), "threads": threads, "o_direct": direct}
 
 
 def write_json(path: str, data: dict) -> None:
@@ -175,9 +238,9 @@ def remove_worktree(path: str) -> None:
                    capture_output=True)
 
 
-def llama_run(cap, model, a) -> dict:
-    r = run_capped(cap, [sys.executable, "-c", LLAMA_SCRIPT, model, PROMPT, str(a.n_predict), str(a.threads)],
-                   a.timeout)
+def llama_run(cap, model, a, repack: bool = True) -> dict:
+    r = run_capped(cap, [sys.executable, "-c", LLAMA_SCRIPT, model, PROMPT, str(a.n_predict), str(a.threads),
+                         "1" if repack else "0"], a.timeout)
     if r.returncode != 0:
         why = "OOM-killed" if r.returncode in (-9, 137) else f"exit {r.returncode}"
         return {"error": f"{why}: {r.stderr.strip()[-200:]}", **cap.stats()}
@@ -192,7 +255,11 @@ def main() -> int:
     ap.add_argument("--n-predict", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--cap-fraction", type=float, default=1 / 3)
+    ap.add_argument("--cap-mb", type=int, help="the cap in MiB (instead of --cap-fraction of the file)")
     ap.add_argument("--arena-fraction", type=float, default=0.55, help="of the cap, for the engine's arena")
+    ap.add_argument("--engine-arena", action="store_true",
+                    help="no --arena-mb: the engine sizes its arena from --ram-budget-mb (the cap)")
+    ap.add_argument("--io-threads", type=int, default=4, help="the engine's readers (SDQ_IO_THREADS) for the disk limit")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--out", help="write the runs and medians as JSON here")
     ap.add_argument("--resident-too", action="store_true",
@@ -212,9 +279,9 @@ def main() -> int:
         die(f"{a.model}: no such file")
     size = os.path.getsize(a.model)
     worktree = ref_worktree(a.ref) if a.ref else None   # before the cgroup: a bad ref leaves nothing
-    cap = MemoryCap(int(size * a.cap_fraction))
+    cap = MemoryCap(a.cap_mb * 2**20 if a.cap_mb else int(size * a.cap_fraction))
     unlimited = MemoryCap(None, "resident") if a.resident_too else None
-    arena_mb = int(cap.limit * a.arena_fraction / 2**20)
+    arena_mb = None if a.engine_arena else int(cap.limit * a.arena_fraction / 2**20)
     try:
         import llama_cpp  # noqa: F401
         have_llama = not a.no_llama
@@ -232,8 +299,12 @@ def main() -> int:
         engines.update({f"{name} @{a.ref}": Row(row.extra, {**row.env, "PYTHONPATH": worktree}, worktree,
                                                 row.resident)
                         for name, row in list(engines.items())})
-    llamas = {"llama.cpp": False, **({"llama.cpp, resident": True} if unlimited else {})}
+    # name: (resident, repacked weights); llama.cpp repacks Q4_K for its AVX2 kernels into
+    # anonymous memory by default, which a cap cannot reclaim
+    llamas = {"llama.cpp": (False, True), "llama.cpp, no repack": (False, False),
+              **({"llama.cpp, resident": (True, True)} if unlimited else {})}
     runs: dict[str, list[dict]] = {name: [] for name in (*engines, *llamas)}
+    disks: list[dict] = []
 
     def cgroup_for(resident: bool) -> MemoryCap:
         """The run's cgroup, with the page cache as the run expects it: the file read in
@@ -249,9 +320,11 @@ def main() -> int:
             for name, row in engines.items():
                 runs[name].append(engine_run(cgroup_for(row.resident), a.model, a, row, arena_mb))
                 print(f"[{i + 1}/{a.repeat}] {name} {runs[name][-1]}", file=sys.stderr)
-            for name, resident in (llamas.items() if have_llama else ()):
-                runs[name].append(llama_run(cgroup_for(resident), a.model, a))
+            for name, (resident, repack) in (llamas.items() if have_llama else ()):
+                runs[name].append(llama_run(cgroup_for(resident), a.model, a, repack))
                 print(f"[{i + 1}/{a.repeat}] {name} {runs[name][-1]}", file=sys.stderr)
+            disks.append(disk_limit(a.model, a.io_threads, seed=i))   # the disk varies too: in every round
+            print(f"[{i + 1}/{a.repeat}] disk {disks[-1]['mb_per_s']:.0f} MiB/s", file=sys.stderr)
     finally:
         drop_page_cache(a.model)   # the resident cgroup holds the file's pages until they go
         cap.close()
@@ -259,20 +332,26 @@ def main() -> int:
             unlimited.close()
         if worktree:
             remove_worktree(worktree)
+    disk = {**disks[0], "mb_per_s": statistics.median(d["mb_per_s"] for d in disks),
+            "mb_per_s_runs": [round(d["mb_per_s"], 1) for d in disks]}
+    arenas = sorted({round(r["arena_mb"]) for rs in runs.values() for r in rs if "arena_mb" in r})
     print(f"model {a.model}: {size / 2**30:.2f} GiB; cap {cap.limit / 2**30:.2f} GiB "
-          f"({a.cap_fraction:.2f} of the file); engine arena {arena_mb} MiB; -t {a.threads}; "
+          f"({cap.limit / size:.2f} of the file); engine arena {arena_mb if arena_mb else arenas} MiB"
+          f"{' (its own, from --ram-budget-mb)' if arena_mb is None else ''}; -t {a.threads}; "
           f"{a.n_predict} decoded tokens; median of {a.repeat}")
-    print("| engine | decode tok/s | runs ok | hit rate | MiB/token | prefetch used/issued | O_DIRECT "
-          "| peak cgroup MiB |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print(f"disk: {disk['mb_per_s']:.0f} MiB/s (median of {len(disks)}) for {disk['expert_bytes'] / 2**20:.2f} MiB experts' aligned "
+          f"windows, {disk['threads']} threads, {'O_DIRECT' if disk['o_direct'] else 'buffered'}")
+    print("| engine | decode tok/s | runs ok | hit rate | MiB/token | io_wait | disk-limit tok/s "
+          "| prefetch used/issued | O_DIRECT | peak cgroup MiB |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     med = {}
     for name, rs in runs.items():
         ok = [r for r in rs if "tok_s" in r]
         if not rs:
-            print(f"| {name} | not installed | | | | | | |")
+            print(f"| {name} | not installed | | | | | | | | |")
             continue
         if not ok:
-            print(f"| {name} | failed: {rs[0]['error'][:60]} | 0/{len(rs)} | | | | | "
+            print(f"| {name} | failed: {rs[0]['error'][:60]} | 0/{len(rs)} | | | | | | | "
                   f"{max(r['max_usage_mb'] for r in rs):.0f} |")
             continue
         med[name] = statistics.median(r["tok_s"] for r in ok)
@@ -281,15 +360,19 @@ def main() -> int:
         pf = (f"{statistics.median(r['prefetch_used'] for r in ok):.0f}/"
               f"{statistics.median(r['prefetch_issued'] for r in ok):.0f}") if "prefetch_used" in ok[0] else ""
         direct = f"{ok[0]['io_direct_pct']:.0f} %" if ok[0].get("io_direct_pct") is not None else ""
+        wait = f"{statistics.median(r['io_wait_pct'] for r in ok):.0f} %" if "io_wait_pct" in ok[0] else ""
+        limit = f"{disk['mb_per_s'] / mbt:.2f}" if mbt else ""
         print(f"| {name} | {med[name]:.2f} | {len(ok)}/{len(rs)} | {'' if hit is None else f'{hit:.1f} %'} "
-              f"| {'' if mbt is None else f'{mbt:.1f}'} | {pf} | {direct} | {max(r['max_usage_mb'] for r in ok):.0f} |")
+              f"| {'' if mbt is None else f'{mbt:.1f}'} | {wait} | {limit} | {pf} | {direct} "
+              f"| {max(r['max_usage_mb'] for r in ok):.0f} |")
     print()
     for llama in (name for name in llamas if name in med):
         for name in (name for name in engines if name in med):
             print(f"ratio {name} / {llama}: {med[name] / med[llama]:.2f}x")
     if a.out:
         write_json(a.out, {"model": a.model, "file_bytes": size, "cap_bytes": cap.limit, "arena_mb": arena_mb,
-                           "threads": a.threads, "n_predict": a.n_predict, "runs": runs, "median_tok_s": med})
+                           "threads": a.threads, "n_predict": a.n_predict, "runs": runs, "median_tok_s": med,
+                           "disk": disk})
     return 0
 
 

@@ -81,6 +81,21 @@ def test_fast_check_passes_on_the_tiny_model(tmp_path, tiny_model, monkeypatch, 
     assert summary.read_text().splitlines()[0].startswith(f"## epmci check: PASS ✅ -- {n_pass} checks passed, "
                                                           f"{n_skip} skipped (")
     assert "SKIP" in out and "epmci check: PASS" in out
+    # every suite's wall time (those that ran engine tasks), in the report and the summaries
+    assert set(rep["meta"]["suite_seconds"]) == suites - {"build", "e2e"} and all(t >= 0 for t in rep["meta"]["suite_seconds"].values())
+    assert "per suite: " in out and "per suite: " in summary.read_text()
+    assert rep["meta"]["memory_mb"] > 0 and rep["meta"]["most_runs_at_once"] >= 1   # run.memory_mb auto
+
+
+def test_runs_that_do_not_fit_the_memory_together_run_one_at_a_time(tmp_path, tiny_model, built_engine):
+    """run.memory_mb smaller than any run: two workers, yet one engine run at a time, and
+    the check is still whole (the production model in an 8 GiB runner: two runs would be
+    killed by the kernel)."""
+    rc, rep = check(tmp_path, "--model", str(tiny_model), "--no-build", "--suites", "determinism,layer",
+                    "--jobs", "2", "--set", "run.memory_mb=1")
+    assert rc == 0, rep
+    assert rep["meta"]["memory_mb"] == 1 and rep["meta"]["most_runs_at_once"] == 1
+    assert [r["status"] for r in by_name(rep).values()] == ["pass"] * len(by_name(rep))
 
 
 def test_e2e_bundled_engine_is_byte_exact(tmp_path, tiny_model, built_engine):

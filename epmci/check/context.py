@@ -17,6 +17,7 @@ from ..compare.logits import EXACT, LogitsRule
 from ..config.schema import CheckConfig
 from ..contract import runspec
 from ..contract.capabilities import Capabilities
+from ..contract.memory import MemoryPool, run_need_mib
 from ..contract.outputs import read_stats
 from ..contract.process import EngineCommand, EngineRun, run_engine
 from ..contract.promises import Promises
@@ -24,10 +25,12 @@ from ..contract.runspec import RunSpec
 from ..gguf.facts import ModelFacts
 from ..gguf.file import EXPERT_PARTS, ModelFile
 from ..gguf.identity import file_sha256
+from ..perf.machine import available_memory_mib
 from ..reference.moe import MoEResult, moe_layer, shared_expert
 from ..units import arena_mib
 
 T = TypeVar("T")
+MEMORY_SHARE = 0.9   # run.memory_mb auto: of the memory available at the start (the rest: epmci itself)
 
 
 def auto_arena_mb(cfg: CheckConfig, facts: ModelFacts, batch: int) -> float:
@@ -47,6 +50,7 @@ class CheckContext:
     suites_run: tuple[str, ...] = ()     # the suites this check runs (selected, and the engine can take them)
     facts: ModelFacts = field(init=False)
     promises: Promises = field(init=False)      # every paged run is held to them (contract/promises.py)
+    memory: MemoryPool = field(init=False)      # engine runs at once within the memory (contract/memory.py)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
     _sha: dict = field(default_factory=dict, init=False)
     _model_sha: str | None = field(default=None, init=False)
@@ -55,6 +59,15 @@ class CheckContext:
     def __post_init__(self):
         self.facts = ModelFacts.of(self.mf, self.cfg.run.slot_align, self.cfg.run.slot_windows)
         self.promises = Promises.of(self.mf, self.cfg.run.slot_align, self.cfg.run.slot_windows)
+        m = self.cfg.run.memory_mb
+        available = available_memory_mib() if m == "auto" else None
+        self.memory = MemoryPool(float(m) if m != "auto" else None if available is None
+                                 else MEMORY_SHARE * available)
+
+    def run_need_mib(self, spec: RunSpec) -> float:
+        """What the run is estimated to hold at its peak (contract/memory.py)."""
+        return run_need_mib(spec, self.mf.path.stat().st_size,
+                            sum(self.facts.expert_bytes) * self.facts.n_expert, self.mf.hp.n_vocab)
 
     # -------------------------------------------------------------- settings
 
@@ -110,8 +123,9 @@ class CheckContext:
             model: Path | None = None) -> EngineRun:
         """`spec` on the check's model (or `model`, e.g. a patched copy of it)."""
         # cwd stays the caller's: a relative --engine-cmd path means what the user typed
-        return runspec.run(self.engine, model or self.model_path, spec, out, timeout=self.cfg.engine.timeout_s,
-                           label=label, env=env, promises=None if model else self.promises)
+        with self.memory.hold(self.run_need_mib(spec)):
+            return runspec.run(self.engine, model or self.model_path, spec, out, timeout=self.cfg.engine.timeout_s,
+                               label=label, env=env, promises=None if model else self.promises)
 
     def stats(self, path: Path) -> list[dict]:
         """The run's stats records, each with every field the contract documents for this engine."""
@@ -120,7 +134,9 @@ class CheckContext:
     def run_selftest(self, label: str, layer: int, expert: int, rows: int, out: Path) -> EngineRun:
         args = runspec.selftest_args(self.model_path, layer, expert, rows, out, threads=self.threads,
                                      ctx=self.cfg.engine.ctx, batch=self.cfg.run.batch, arena_mb=self.arena_mb())
-        return run_engine(self.engine, args, timeout=self.cfg.engine.timeout_s, label=label, threads=self.threads)
+        need = self.run_need_mib(RunSpec("", arena_mb=self.arena_mb(), dump_logits=False))
+        with self.memory.hold(need):
+            return run_engine(self.engine, args, timeout=self.cfg.engine.timeout_s, label=label, threads=self.threads)
 
     # -------------------------------------------------------------- reference facts
 

@@ -14,6 +14,7 @@ import os
 import platform
 import shutil
 import tempfile
+import threading
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -83,6 +84,8 @@ def run_check(cfg: CheckConfig, progress: Progress | None = None, *, build: bool
             _build(cfg, engine, model_path, mf, wd, report, emit, say)
         ctx = _context(cfg, engine, model_path, mf, wd, report)
         _run_suites(ctx, cfg, jobs, report, emit, progress, say)
+        report.meta.update(memory_mb=None if ctx.memory.capacity is None else round(ctx.memory.capacity),
+                           most_runs_at_once=ctx.memory.peak_runs)
         refusal = engine_refuses_everything(report.results)
         if refusal:
             raise ToolError(f"the engine refused every run (exit 2): {refusal}")
@@ -155,7 +158,9 @@ def _run_suites(ctx: CheckContext, cfg: CheckConfig, jobs: int, report: CheckRep
     for r in ready:
         emit(r)
     say(f"{len(tasks)} tasks ({n_checks - len(ready)} checks) on {jobs} worker(s)")
-    _execute(tasks, jobs, emit)
+    spans: dict[str, list[float]] = {}
+    _execute(tasks, jobs, emit, spans)
+    report.meta["suite_seconds"] = {suite: round(end - start, 1) for suite, (start, end) in spans.items()}
 
 
 REFUSED = "engine refused to run (exit 2): "
@@ -202,11 +207,24 @@ def _plan(ctx: CheckContext, cfg: CheckConfig) -> tuple[list[SuiteInfo], list[Ch
     return infos, ready, tasks
 
 
-def _execute(tasks: list[tuple[int, Task]], jobs: int, emit: Callable[[CheckResult], None]) -> None:
+def _execute(tasks: list[tuple[int, Task]], jobs: int, emit: Callable[[CheckResult], None],
+             spans: dict[str, list[float]]) -> None:
+    """Run the tasks; spans[suite] = [first start, last end] (a suite's wall time, its tasks
+    running in parallel with other suites')."""
+    lock = threading.Lock()
+
+    def timed(t: Task) -> list[CheckResult]:
+        start = time.perf_counter()
+        try:
+            return _run_task(t)
+        finally:
+            with lock:
+                span = spans.setdefault(t.suite, [start, start])
+                span[0], span[1] = min(span[0], start), max(span[1], time.perf_counter())
     # biggest first, so the long sequential tasks do not end up last
     ordered = sorted([ot for ot in tasks if not ot[1].exclusive], key=lambda ot: -ot[1].cost)
     with ThreadPoolExecutor(max_workers=max(1, jobs), thread_name_prefix="epmci-check") as pool:
-        futs = {pool.submit(_run_task, t): (o, t) for o, t in ordered}
+        futs = {pool.submit(timed, t): (o, t) for o, t in ordered}
         for fut in as_completed(futs):
             o, t = futs[fut]
             for i, r in enumerate(fut.result()):
@@ -214,7 +232,7 @@ def _execute(tasks: list[tuple[int, Task]], jobs: int, emit: Callable[[CheckResu
                 emit(r)
     # exclusive tasks (timing) after all others, one at a time, in plan order
     for o, t in sorted((ot for ot in tasks if ot[1].exclusive), key=lambda ot: ot[0]):
-        for i, r in enumerate(_run_task(t)):
+        for i, r in enumerate(timed(t)):
             r.order = o + i
             emit(r)
 

@@ -36,6 +36,8 @@ def validate(cfg: CheckConfig) -> None:
     for key, t in (("engine.timeout_s", e.timeout_s), ("engine.build_timeout_s", e.build_timeout_s)):
         if not t > 0:
             raise InputError(w, f"{key} must be > 0, got {t}")
+    if isinstance(r.memory_mb, str) and r.memory_mb != "auto" or not isinstance(r.memory_mb, str) and r.memory_mb <= 0:
+        raise InputError(w, f"run.memory_mb must be a number of MiB > 0 or 'auto', got {r.memory_mb!r}")
     if isinstance(r.arena_mb, str) and r.arena_mb != "auto":
         raise InputError(w, f"run.arena_mb must be a number of MiB or 'auto', got {r.arena_mb!r}")
     if not isinstance(r.arena_mb, str) and r.arena_mb <= 0:

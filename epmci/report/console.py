@@ -11,7 +11,7 @@ from typing import TextIO
 
 from ..check.result import ERROR, FAIL, PASS, SKIP, CheckReport, CheckResult
 from ..contract.process import running
-from .text import STATUS_LABEL, coverage, skipped_summary
+from .text import STATUS_LABEL, coverage, skipped_summary, suite_times
 
 
 class ConsoleProgress:
@@ -79,9 +79,9 @@ def render_console(report: CheckReport, width: int | None = None) -> str:
     w2, w3 = 6, max(len(r[3]) for r in rows)
     room = max(30, width - (w0 + w1 + w2 + w3 + 8))
     lines = [coverage(report)]
-    note = skipped_summary(report)
-    if note:
-        lines.append(note)
+    for note in (skipped_summary(report), suite_times(report)):
+        if note:
+            lines.append(note)
     lines.append("")
     for i, (a, b, c, d, e) in enumerate(rows):
         e = e if len(e) <= room else e[:room - 3] + "..."

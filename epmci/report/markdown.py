@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from ..check.result import ERROR, FAIL, PASS, SKIP, CheckReport
-from .text import STATUS_ICON, STATUS_LABEL, coverage, headline, skipped_summary
+from .text import STATUS_ICON, STATUS_LABEL, coverage, headline, skipped_summary, suite_times
 
 
 def _md(s: str) -> str:
@@ -25,6 +25,9 @@ def markdown(report: CheckReport) -> str:
     note = skipped_summary(report)
     if note:
         out += ["", f"**{_md(note)}**"]
+    times = suite_times(report)
+    if times:
+        out += ["", _md(times)]
     m = report.meta
     facts = [f"{k}: `{m[k]}`" for k in ("model", "engine", "config") if k in m]
     if facts:

@@ -71,3 +71,13 @@ def skipped_summary(report: CheckReport, reasons: int = 3) -> str | None:
     if len(why) > reasons:
         parts.append(f"{len(why) - reasons} other reason(s)")
     return f"{len(skipped)} check(s) skipped, not compared: " + "; ".join(parts)
+
+
+def suite_times(report: CheckReport) -> str | None:
+    """Each suite's wall time (its first task's start to its last one's end; suites overlap
+    when runs go in parallel) and the whole check's, slowest first."""
+    times = report.meta.get("suite_seconds") or {}
+    if not times:
+        return None
+    parts = [f"{s} {t:.0f}s" for s, t in sorted(times.items(), key=lambda kv: -kv[1])]
+    return f"wall time {report.seconds:.0f}s; per suite: " + ", ".join(parts)

@@ -21,12 +21,17 @@ NAME = "layer"
 
 
 def auto_layers(facts: ModelFacts) -> list[int]:
+    """The first, middle and last layer, every layer whose expert size differs from a
+    neighbour's (both slot classes, and the edges between them), and a layer of every kind."""
     n = facts.n_layer
     layers = {0, n // 2, n - 1}
     eb = facts.expert_bytes
     for il in range(n):
         if (il > 0 and eb[il] != eb[il - 1]) or (il + 1 < n and eb[il] != eb[il + 1]):
             layers.add(il)
+    for kind in dict.fromkeys(facts.kinds):   # every layer kind (qwen35moe: delta net, attention)
+        if kind not in {facts.kinds[il] for il in layers}:
+            layers.add(facts.kinds.index(kind))
     return sorted(layers)
 
 
