@@ -8,13 +8,19 @@ import time
 
 import pytest
 
-from epmci.contract.memory import RUNTIME_MIB, MemoryPool, run_need_mib
+from epmci.config.experiments import EXPERIMENTS, FIXED
+from epmci.contract.memory import RUNTIME_MIB, RUNTIME_PER_TOKEN, MemoryPool, arena_room_mib, run_need_mib
 from epmci.contract.runspec import RunSpec
+from epmci.gguf.facts import ModelFacts
 from epmci.units import MiB
 
 GiB = 1 << 30
 # prod35-full: 21.5 GB file, 18,662 MiB of experts, 248,320-token vocabulary
 FILE, EXPERTS, VOCAB = 21_541_150_656, 19_568_525_312, 248_320
+SIZES = [2_039_808 if il in (34, 38, 39) else 1_900_544 for il in range(40)]
+PROD = ModelFacts(40, 256, 8, 2048, [("Q4_K", "Q4_K", "Q5_K")] * 40, SIZES, SIZES, ["deltanet"] * 40, FILE, VOCAB)
+RUNTIME = RUNTIME_MIB + RUNTIME_PER_TOKEN * VOCAB / MiB
+assert PROD.total_expert_bytes() == EXPERTS
 
 
 def _concurrency(pool: MemoryPool, needs: list[float], hold_s: float = 0.05) -> list[tuple[float, float]]:
@@ -42,7 +48,7 @@ def _overlaps(spans) -> int:
 
 def test_two_production_runs_do_not_run_together_in_8_gib():
     paged = RunSpec("p", arena_mb=4664, ram_budget_mb=8192, ctx=512)
-    need = run_need_mib(paged, FILE, EXPERTS, VOCAB)
+    need = run_need_mib(paged, PROD)
     assert 6500 < need <= 8192
     pool = MemoryPool(0.9 * 8192)
     spans = _concurrency(pool, [need, need, need])
@@ -69,12 +75,24 @@ def test_a_run_larger_than_the_pool_runs_alone_and_no_limit_means_no_waiting():
 
 def test_run_need_counts_arena_resident_weights_logits_and_a_budget():
     base = dict(prompt="p", ctx=512)
-    lean = run_need_mib(RunSpec(**base, arena_mb=1000, dump_logits=False), FILE, EXPERTS, VOCAB)
-    assert lean == pytest.approx((FILE - EXPERTS) / MiB + 1000 + RUNTIME_MIB)
-    dumped = run_need_mib(RunSpec(**base, arena_mb=1000), FILE, EXPERTS, VOCAB)
+    lean = run_need_mib(RunSpec(**base, arena_mb=1000, dump_logits=False), PROD)
+    assert lean == pytest.approx((FILE - EXPERTS) / MiB + 1000 + RUNTIME)
+    dumped = run_need_mib(RunSpec(**base, arena_mb=1000), PROD)
     assert dumped - lean == pytest.approx(2 * 512 * VOCAB * 4 / MiB)
-    default = run_need_mib(RunSpec(**base, dump_logits=False), FILE, EXPERTS, VOCAB)
-    assert default == pytest.approx((FILE - 0.75 * EXPERTS) / MiB + RUNTIME_MIB)
-    resident = run_need_mib(RunSpec(**base, pager=False, dump_logits=False), FILE, EXPERTS, VOCAB)
-    assert resident == pytest.approx(FILE / MiB + RUNTIME_MIB)   # the mapped file comes through memory
-    assert run_need_mib(RunSpec(**base, ram_budget_mb=2048), FILE, EXPERTS, VOCAB) == 2048
+    default = run_need_mib(RunSpec(**base, dump_logits=False), PROD)
+    assert default == pytest.approx((FILE - 0.75 * EXPERTS) / MiB + RUNTIME)
+    resident = run_need_mib(RunSpec(**base, pager=False, dump_logits=False), PROD)
+    assert resident == pytest.approx(FILE / MiB + RUNTIME)   # the mapped file comes through memory
+    assert run_need_mib(RunSpec(**base, ram_budget_mb=2048), PROD) == 2048
+
+
+def test_an_arena_fraction_gives_way_to_the_memory_it_must_fit():
+    """The perf runs' 25 % arena of the production model plus everything else is more than
+    --ram-budget-mb 8192 (the engine refused: "needs 8272.0 MiB"); sized to the room the
+    budget leaves, the whole run's estimate fits."""
+    spec = EXPERIMENTS["baseline"].spec("p", {**FIXED, "ram_budget_mb": 8192.0}, PROD)
+    assert spec.arena_mb < 0.25 * EXPERTS / MiB
+    assert run_need_mib(RunSpec("p", ctx=spec.ctx, arena_mb=spec.arena_mb), PROD) <= 8192
+    assert arena_room_mib(None, spec, PROD) is None
+    free = EXPERIMENTS["baseline"].spec("p", {**FIXED, "ram_budget_mb": None}, PROD)   # no budget: the fraction
+    assert free.arena_mb == pytest.approx(0.25 * EXPERTS / MiB, abs=0.01)

@@ -17,7 +17,7 @@ from ..compare.logits import EXACT, LogitsRule
 from ..config.schema import CheckConfig
 from ..contract import runspec
 from ..contract.capabilities import Capabilities
-from ..contract.memory import MemoryPool, run_need_mib
+from ..contract.memory import MemoryPool, arena_room_mib, run_need_mib
 from ..contract.outputs import read_stats
 from ..contract.process import EngineCommand, EngineRun, run_engine
 from ..contract.promises import Promises
@@ -27,16 +27,23 @@ from ..gguf.file import EXPERT_PARTS, ModelFile
 from ..gguf.identity import file_sha256
 from ..perf.machine import available_memory_mib
 from ..reference.moe import MoEResult, moe_layer, shared_expert
-from ..units import arena_mib
+from ..units import MiB, arena_mib
 
 T = TypeVar("T")
 MEMORY_SHARE = 0.9   # run.memory_mb auto: of the memory available at the start (the rest: epmci itself)
 
 
-def auto_arena_mb(cfg: CheckConfig, facts: ModelFacts, batch: int) -> float:
-    """max(run.arena_fraction of all expert bytes, the minimum for `batch` + run.margin_experts)."""
+def auto_arena_mb(cfg: CheckConfig, facts: ModelFacts, batch: int, memory_mib: float | None = None) -> float:
+    """max(run.arena_fraction of all expert bytes -- or less, what a run leaves of
+    `memory_mib` and of run.ram_budget_mb --, the minimum for `batch` + run.margin_experts)."""
     lo = facts.min_arena_bytes(batch, uniform=False, margin_slots=cfg.run.margin_experts)
-    return arena_mib(max(lo, int(cfg.run.arena_fraction * facts.total_expert_bytes())))
+    want = int(cfg.run.arena_fraction * facts.total_expert_bytes())
+    typical = RunSpec("", batch=batch, ctx=cfg.engine.ctx)
+    for limit in (memory_mib, cfg.run.ram_budget_mb):
+        room = arena_room_mib(limit, typical, facts)
+        if room is not None:
+            want = min(want, int(room * MiB))
+    return arena_mib(max(lo, want))
 
 
 @dataclass
@@ -66,8 +73,7 @@ class CheckContext:
 
     def run_need_mib(self, spec: RunSpec) -> float:
         """What the run is estimated to hold at its peak (contract/memory.py)."""
-        return run_need_mib(spec, self.mf.path.stat().st_size,
-                            sum(self.facts.expert_bytes) * self.facts.n_expert, self.mf.hp.n_vocab)
+        return run_need_mib(spec, self.facts)
 
     # -------------------------------------------------------------- settings
 
@@ -98,7 +104,7 @@ class CheckContext:
         return self.auto_arena_mb(batch)
 
     def auto_arena_mb(self, batch: int | None = None) -> float:
-        return auto_arena_mb(self.cfg, self.facts, batch or self.cfg.run.batch)
+        return auto_arena_mb(self.cfg, self.facts, batch or self.cfg.run.batch, self.memory.capacity)
 
     def stress_arena_mb(self, uniform: bool) -> float:
         s = self.cfg.prefetch_stress

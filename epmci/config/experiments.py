@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from ..contract.runspec import RunSpec
 from ..errors import InputError
 from ..gguf.facts import ModelFacts
-from ..units import arena_mib
+from ..contract.memory import arena_room_mib
+from ..units import MiB, arena_mib
 
 ROUTING_PROFILE = "{routing_profile}"   # env placeholder: a --profile-out file of a baseline run
 PAGER_ARGS = frozenset({"arena_fraction", "arena_mb", "no_prefetch"})   # args only a pager takes
@@ -47,13 +48,17 @@ class Experiment:
         env = {k: (routing_profile or "") if v == ROUTING_PROFILE else str(v) for k, v in self.env.items()}
         batch = int(a["batch"])
         arena_mb = a.get("arena_mb")
-        if arena_mb is None and a.get("arena_fraction") is not None:
-            uniform = env.get("SDQ_FORCE_UNIFORM_SLOT") == "1"
-            arena_mb = arena_mib(max(int(a["arena_fraction"] * facts.total_expert_bytes()),
-                                     facts.min_arena_bytes(batch, uniform)))
-        return RunSpec(prompt, n_predict=int(a["n_predict"]), batch=batch, ctx=int(a["ctx"]),
+        spec = RunSpec(prompt, n_predict=int(a["n_predict"]), batch=batch, ctx=int(a["ctx"]),
                        threads=int(a["threads"]), arena_mb=arena_mb, ram_budget_mb=a.get("ram_budget_mb"),
                        prefetch=not a.get("no_prefetch", False), env=env)
+        if arena_mb is None and a.get("arena_fraction") is not None:
+            uniform = env.get("SDQ_FORCE_UNIFORM_SLOT") == "1"
+            want = int(a["arena_fraction"] * facts.total_expert_bytes())
+            room = arena_room_mib(spec.ram_budget_mb, spec, facts)   # the fraction gives way to the budget
+            if room is not None:
+                want = min(want, int(room * MiB))
+            spec.arena_mb = arena_mib(max(want, facts.min_arena_bytes(batch, uniform)))
+        return spec
 
     @property
     def needs_routing_profile(self) -> bool:

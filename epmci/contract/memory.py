@@ -15,29 +15,44 @@ import threading
 from contextlib import contextmanager
 from typing import Iterator
 
+from ..gguf.facts import ModelFacts
 from ..units import MiB
 from .runspec import RunSpec
 
 # Interpreter, NumPy, numba and its compiled kernels: the bundled engine's RSS before any
-# weight is read is ~200 MiB on the ci model (the budget's "runtime"), with headroom.
+# weight is read is ~200 MiB on the ci model (the budget's "runtime"), with headroom; the
+# tokenizer's tables grow with the vocabulary (~1.2 GB of runtime at 248k tokens, measured).
 RUNTIME_MIB = 400.0
+RUNTIME_PER_TOKEN = 4096        # bytes per vocabulary entry
 DEFAULT_ARENA_FRACTION = 0.25   # docs/engine-contract.md: the default arena
+ROOM_SHARE = 0.95               # of what the memory leaves, for an arena sized to fit it
 
 
-def run_need_mib(spec: RunSpec, file_bytes: int, expert_bytes: int, n_vocab: int) -> float:
-    """Upper estimate of one run's memory: its resident weights, its arena (a run without
-    the pager maps the whole file, and every expert page it touches comes into memory), the
-    logits it keeps, the runtime; never more than a RAM budget the run is held to."""
-    if spec.pager:
-        arena = spec.arena_mb * MiB if spec.arena_mb is not None else DEFAULT_ARENA_FRACTION * expert_bytes
-        weights = file_bytes - expert_bytes + arena
-    else:
-        weights = file_bytes
-    logits = 2 * spec.ctx * n_vocab * 4 if spec.dump_logits else 0
-    need = (weights + logits) / MiB + RUNTIME_MIB
-    if spec.pager and spec.ram_budget_mb is not None:
-        need = min(need, spec.ram_budget_mb)
-    return need
+def fixed_need_mib(spec: RunSpec, facts: ModelFacts) -> float:
+    """A paged run's memory but its arena: resident weights, the logits it keeps, runtime."""
+    logits = 2 * spec.ctx * facts.n_vocab * 4 if spec.dump_logits else 0
+    runtime = RUNTIME_MIB * MiB + RUNTIME_PER_TOKEN * facts.n_vocab
+    return (facts.file_bytes - facts.total_expert_bytes() + logits + runtime) / MiB
+
+
+def run_need_mib(spec: RunSpec, facts: ModelFacts) -> float:
+    """Upper estimate of one run's memory: the above plus its arena (a run without the
+    pager maps the whole file, and every expert page it touches comes into memory); never
+    more than a RAM budget the run is held to."""
+    if not spec.pager:
+        return fixed_need_mib(spec, facts) + facts.total_expert_bytes() / MiB
+    arena = spec.arena_mb if spec.arena_mb is not None else DEFAULT_ARENA_FRACTION * facts.total_expert_bytes() / MiB
+    need = fixed_need_mib(spec, facts) + arena
+    return need if spec.ram_budget_mb is None else min(need, spec.ram_budget_mb)
+
+
+def arena_room_mib(memory_mib: float | None, spec: RunSpec, facts: ModelFacts) -> float | None:
+    """The largest arena a run like `spec` can have within `memory_mib` (None: no limit).
+    An arena fraction of a 20 GB model's experts plus its resident weights can be more than
+    the runner has: sized blindly, the run is refused or killed."""
+    if memory_mib is None:
+        return None
+    return ROOM_SHARE * (memory_mib - fixed_need_mib(spec, facts))
 
 
 class MemoryPool:

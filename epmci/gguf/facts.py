@@ -32,6 +32,8 @@ class ModelFacts:
     expert_bytes: list[int]             # per layer: gate + up + down bytes
     slot_bytes: list[int]               # per layer: the slot bytes of its three parts
     kinds: list[str] = field(default_factory=list)   # per layer: attention or deltanet (qwen35moe)
+    file_bytes: int = 0                 # the GGUF's size
+    n_vocab: int = 0
 
     @classmethod
     def of(cls, mf: ModelFile, align: int, windows: bool = True) -> "ModelFacts":
@@ -45,7 +47,7 @@ class ModelFacts:
             sb.append(sum(slot_part_bytes(p.offset, p.n_bytes, hp.n_expert, file_size, align, windows)
                           for p in parts))
         return cls(hp.n_layer, hp.n_expert, hp.n_expert_used, hp.n_embd, types, eb, sb,
-                   [hp.layer_kind(il) for il in range(hp.n_layer)])
+                   [hp.layer_kind(il) for il in range(hp.n_layer)], file_size, hp.n_vocab)
 
     def describe_layer(self, il: int) -> str:
         """Its experts' types and size; and its kind where the model has two."""
