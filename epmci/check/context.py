@@ -30,7 +30,10 @@ from ..reference.moe import MoEResult, moe_layer, shared_expert
 from ..units import MiB, arena_mib
 
 T = TypeVar("T")
-MEMORY_SHARE = 0.9   # run.memory_mb auto: of the memory available at the start (the rest: epmci itself)
+# run.memory_mb auto: what is available at the start less what epmci itself grows by while
+# engines run -- on the production model its model-file tables (0.9 GB at 248k tokens) and
+# the reference's working arrays; counting only 10 % for it, the check was OOM-killed in 8 GiB.
+MEMORY_RESERVE_MIB, MEMORY_RESERVE_SHARE = 2048.0, 0.1
 
 
 def auto_arena_mb(cfg: CheckConfig, facts: ModelFacts, batch: int, memory_mib: float | None = None) -> float:
@@ -68,8 +71,8 @@ class CheckContext:
         self.promises = Promises.of(self.mf, self.cfg.run.slot_align, self.cfg.run.slot_windows)
         m = self.cfg.run.memory_mb
         available = available_memory_mib() if m == "auto" else None
-        self.memory = MemoryPool(float(m) if m != "auto" else None if available is None
-                                 else MEMORY_SHARE * available)
+        self.memory = MemoryPool(float(m) if m != "auto" else None if available is None else
+                                 max(1.0, available - max(MEMORY_RESERVE_MIB, MEMORY_RESERVE_SHARE * available)))
 
     def run_need_mib(self, spec: RunSpec) -> float:
         """What the run is estimated to hold at its peak (contract/memory.py)."""

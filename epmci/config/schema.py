@@ -36,7 +36,7 @@ class EngineConfig:
 @dataclass
 class RunConfig:
     jobs: int = 0                        # engine runs at once; 0 = one per CPU
-    memory_mb: float | str = "auto"      # what engine runs at once may hold (contract/memory.py); auto: 90 % of what is available at the start
+    memory_mb: float | str = "auto"      # what engine runs at once may hold (contract/memory.py); auto: what is available at the start less epmci's own share (check/context.py)
     batch: int = 8                       # -b of the layer, determinism and e2e runs
     n_predict: int = 4                   # -n of the layer, stress and determinism runs
     arena_mb: float | str = "auto"       # auto: max(arena_fraction of expert bytes, minimum + margin_experts)
