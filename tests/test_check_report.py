@@ -219,6 +219,8 @@ def test_config_overrides_and_errors(tmp_path):
                       ("e2e: {compare: fuzzy}\n", "e2e.compare"),
                       ("suites: [kernel, perf2]\n", "suites: unknown"),
                       ("layer: {tolerance: {atol: -1}}\n", "atol"),
+                      ("run: {memory_mb: 0}\n", "run.memory_mb must be"),
+                      ("run: {memory_mb: lots}\n", "run.memory_mb must be"),
                       ("[1, 2]\n", "top level must be a mapping"),
                       ("a: [\n", "not valid YAML")):
         bad.write_text(text)

@@ -360,3 +360,20 @@ def test_model_info_bad_input_is_one_line_exit_2(case, tmp_path, request):
     assert len(lines) == 1, r.stderr
     assert str(path) in lines[0] and word in lines[0]
     assert "Traceback" not in r.stderr
+
+
+def test_make_progress_prints_a_line_per_tenth_when_not_a_terminal():
+    """`epmci model make`'s bar on a log (CI): one line per tenth and stage, not one per tensor."""
+    import io
+    from epmci.cli.model import MakeProgress
+    out = io.StringIO()
+    bar = MakeProgress(out)
+    for done in [*range(0, 1000, 7), 1000]:
+        bar("write", done, 1000)
+    for layer in range(1, 41):
+        bar("calibrate", layer, 40)
+    lines = out.getvalue().splitlines()
+    percents = [int(l.split("]")[1].split("%")[0]) for l in lines]
+    assert [l.split()[0] for l in lines] == ["write"] * 11 + ["calibrate"] * 11
+    assert percents == list(range(0, 101, 10)) + [2, *range(10, 101, 10)]   # layer 1 of 40: 2 %
+    assert "GB" in lines[10] and "layer 40/40" in lines[-1]
