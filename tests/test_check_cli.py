@@ -98,6 +98,17 @@ def test_runs_that_do_not_fit_the_memory_together_run_one_at_a_time(tmp_path, ti
     assert [r["status"] for r in by_name(rep).values()] == ["pass"] * len(by_name(rep))
 
 
+def test_a_perf_budget_larger_than_the_memory_for_runs_fails_up_front(tmp_path, tiny_model, built_engine):
+    """perf.ram_budget_mb above what the check leaves for an engine run: every perf check
+    fails at once with both numbers (in an 8 GiB runner the runs were killed minutes later)."""
+    rc, rep = check(tmp_path, "--model", str(tiny_model), "--no-build", "--suites", "perf",
+                    "--set", "run.memory_mb=300", "--set", "perf.ram_budget_mb=900")
+    assert rc == 1
+    rs = list(by_name(rep).values())
+    assert rs and all(r["status"] == "fail" for r in rs)
+    assert all("perf.ram_budget_mb 900 MiB is more than" in r["message"] and "(300 MiB" in r["message"] for r in rs)
+
+
 def test_e2e_bundled_engine_is_byte_exact(tmp_path, tiny_model, built_engine):
     rc, rep = check(tmp_path, "--model", str(tiny_model), "--no-build", "--suites", "e2e",
                     "--set", "prompts.e2e=[a, Hello world]", "--set", "e2e.compare=kl")

@@ -101,12 +101,17 @@ class PerfSuite:
         plan = prepare(ctx.cfg, ctx.model_path, ctx.facts, ctx.caps.identity(ctx.engine))
         pc = ctx.cfg.perf
         items: list[Task | CheckResult] = []
+        too_big = self._budget_too_big(ctx)
         for scen in pc.scenarios:
             missing = ctx.caps.lacking(EXPERIMENTS[scen].requires)
             if missing:
                 items.append(lacks(NAME, scen, missing, ctx.caps))
                 continue
             names = result_names(ctx, scen)
+            if too_big:
+                names += base_result_names(scen, pc.base) if pc.base else []
+                items += [CheckResult(NAME, n, FAIL, too_big, {"budget_mb": pc.ram_budget_mb}) for n in names]
+                continue
             timed = pc.timing and self._timing_skip(ctx, plan, scen) is None
             runs = len(pc.prompts) + (plan.repeats - 1 if timed else 0)
             items.append(Task(NAME, scen, lambda s=scen: self.scenario(ctx, plan, s), names=names,
@@ -120,6 +125,18 @@ class PerfSuite:
                     items.append(Task(NAME, bnames[0], lambda s=scen, n=bnames: versus_base(ctx, plan, s, n),
                                       names=bnames, cost=2.0 * pc.base_pairs, exclusive=True))
         return items
+
+    @staticmethod
+    def _budget_too_big(ctx: CheckContext) -> str | None:
+        """A perf run may grow to its --ram-budget-mb; one whose budget is more than the
+        memory the check leaves for engine runs is killed by the kernel minutes later (8192
+        in an 8 GiB runner, where epmci holds ~2 GiB): refused up front, with the numbers."""
+        cap, budget = ctx.memory.capacity, ctx.cfg.perf.ram_budget_mb
+        if cap is None or budget <= cap:
+            return None
+        return (f"perf.ram_budget_mb {budget:g} MiB is more than the memory this check leaves for an engine run "
+                f"({cap:.0f} MiB, run.memory_mb {ctx.cfg.run.memory_mb}): the runs would be killed; "
+                f"set perf.ram_budget_mb <= {cap:.0f} or give the check more memory")
 
     # -------------------------------------------------------------- golden side
 
