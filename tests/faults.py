@@ -48,3 +48,19 @@ def results(report: dict, suite: str) -> list[dict]:
 
 def statuses(report: dict, suite: str) -> dict[str, str]:
     return {r["name"]: r["status"] for r in results(report, suite)}
+
+# layer 2's router logits nudged (a bias rising over the experts): routing moves there first,
+# the logits only a little
+ROUTER_NUDGED_IN_LAYER_2 = """
+import engine.model as M
+good = M.Model.route
+def route(self, il, h):
+    if il != 2:
+        return good(self, il, h)
+    probs = M.ops.softmax(self._mm(f"blk.{il}.ffn_gate_inp.weight", h) * np.float32(1.0) +
+                          np.linspace(0, 0.5, self.hp.n_expert, dtype=np.float32))
+    sel = np.argsort(-probs, axis=-1, kind="stable")[:, :self.hp.n_expert_used].astype(np.int32)
+    w = np.take_along_axis(probs, sel, axis=-1)
+    return sel, (w / w.sum(axis=-1, keepdims=True, dtype=np.float32)).astype(np.float32)
+M.Model.route = route
+"""

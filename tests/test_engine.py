@@ -91,8 +91,8 @@ def test_cli_outputs_and_stats(tiny_model, tmp_path):
     r = run_cli("-m", tiny_model, "-p", "hello world", "-n", 5, "--no-chat", "--no-pager",
                 "--dump-logits", "--logits-out", out, "--stats-file", stats)
     from engine.tokenizer import Tokenizer
-    from gguf import GGUFReader
-    n_prompt = len(Tokenizer.from_gguf(GGUFReader(tiny_model)).encode("hello world"))
+    from engine.gguf_file import GGUFFile
+    n_prompt = len(Tokenizer.from_gguf(GGUFFile(tiny_model).fields).encode("hello world"))
     logits = read_logits(out)
     recs = [json.loads(line) for line in stats.read_text().splitlines()]
     assert [r["phase"] for r in recs] == ["prefill", "decode"]
@@ -110,7 +110,7 @@ def test_dense_weights_are_resident_copies_not_mapped_pages(tiny_model, pager):
     mf = ModelFile(tiny_model)
     eng = Engine(tiny_model, Options(n_ctx=64, pager=pager))
     try:
-        mapped = eng.gm.reader.data
+        mapped = eng.gm.file.data
         for name, t in eng.gm.tensors.items():
             if "_exps." in name:
                 assert np.shares_memory(t.data, mapped), name

@@ -5,6 +5,9 @@ check`), diff, history, and the baselines shipped in golden/."""
 from __future__ import annotations
 
 import hashlib
+import json
+import struct
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -24,8 +27,9 @@ def sample_golden(seed: int = 0, misses: int = 26) -> G.Golden:
                             "ssd_bytes_per_token": 200.0},
                 "decode": {"tokens": 15, "hits": 94, "misses": misses, "evictions": 84, "ssd_bytes": 9000,
                            "ssd_bytes_per_token": 600.0, "prefetch_issued": 58, "prefetch_used": 56}}
+    routes = rng.integers(0, 256, (4, 7, 8)).astype(np.uint16)     # 4 layers, 7 rows, top-8 (prompt 1 only)
     prompts = [{"prompt_tokens": 5, "first_tokens": [1, 2, 3], "logits_rows": 7, "logits_sha256": "ab" * 32,
-                "text_sha256": "cd" * 32, "counters": counters},
+                "text_sha256": "cd" * 32, "counters": counters, "routing_sha256": G.routing_sha256(routes)},
                {"prompt_tokens": 9, "first_tokens": [4, 5, 6], "logits_rows": 11, "logits_sha256": "ef" * 32,
                 "text_sha256": "01" * 32, "counters": counters}]
     return G.Golden(
@@ -39,7 +43,8 @@ def sample_golden(seed: int = 0, misses: int = 26) -> G.Golden:
         machine={"cpu_model": "X", "n_cpus": 2},
         recorded={"date": "2026-01-01T00:00:00+0000", "reason": "test"},
         logits={"baseline/0": rng.standard_normal((3, 16)).astype(np.float32),
-                "baseline/1": rng.standard_normal((3, 16)).astype(np.float32)})
+                "baseline/1": rng.standard_normal((3, 16)).astype(np.float32)},
+        routing={"baseline/0": routes})
 
 
 def test_round_trip(tmp_path):
@@ -50,6 +55,8 @@ def test_round_trip(tmp_path):
     assert back.scenarios == g.scenarios and back.machine == g.machine and back.recorded == g.recorded
     for k, a in g.logits.items():
         assert back.logits[k].tobytes() == a.tobytes()          # float32 rows exactly
+    assert back.routes("baseline", 0).tolist() == g.routing["baseline/0"].tolist()
+    assert back.routes("baseline", 1) is None                    # not recorded for that prompt
     side = path.parent / back.logits_file
     assert side.name.startswith("tiny-seed0-gen9.") and side.suffix == ".logits"
     assert hashlib.sha256(side.read_bytes()).hexdigest().startswith(side.name.split(".")[1])
@@ -167,12 +174,30 @@ def test_diff_and_cli(tmp_path, capsys):
     assert "profile t" in out and "decode 11.00 tok/s" in out
 
 
-def test_pack_unpack_logits():
+def test_pack_unpack_side_file():
     rows = {"s/0": np.arange(12, dtype=np.float32).reshape(3, 4), "s/1": np.ones((1, 4), np.float32)}
-    back = G.unpack_logits(G.pack_logits(rows), "x")
+    routes = {"s/0": np.array([[[3, 1], [255, 0]]], np.uint16)}
+    back, back_routes = G.unpack_side(G.pack_side(rows, routes), "x")
     assert {k: v.tolist() for k, v in back.items()} == {k: v.tolist() for k, v in rows.items()}
+    assert {k: v.tolist() for k, v in back_routes.items()} == {k: v.tolist() for k, v in routes.items()}
     with pytest.raises(InputError):
-        G.unpack_logits(b"NOPE" + b"\0" * 20, "x")
+        G.unpack_side(b"NOPE" + b"\0" * 20, "x")
+
+
+def test_version_1_side_files_still_load():
+    """Side files written before routing was recorded (float32 rows only) load, without routing."""
+    rows = np.arange(8, dtype=np.float32).reshape(2, 4)
+    header = json.dumps({"entries": [{"key": "s/0", "rows": 2, "n_vocab": 4}]}).encode()
+    v1 = G.LOGITS_MAGIC + struct.pack("<II", 1, len(header)) + header + zlib.compress(rows.tobytes())
+    logits, routing = G.unpack_side(v1, "x")
+    assert logits["s/0"].tolist() == rows.tolist() and routing == {}
+
+
+def test_a_routing_digest_that_does_not_match_the_side_file_is_an_input_error(tmp_path):
+    path = G.write(sample_golden(), tmp_path / "g.yaml")
+    _mutate(path, lambda d: d["scenarios"]["baseline"]["prompts"][0].__setitem__("routing_sha256", "12" * 32))
+    with pytest.raises(InputError, match="routing_sha256: does not match the side file"):
+        G.load(path)
 
 
 def test_shipped_baselines_load_and_match_the_ci_model():

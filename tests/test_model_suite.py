@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from faults import broken_engine, results, run_check, statuses
+from faults import ROUTER_NUDGED_IN_LAYER_2, broken_engine, results, run_check, statuses
 
 pytestmark = pytest.mark.usefixtures("built_engine")
 
@@ -35,20 +35,7 @@ def test_a_router_perturbed_in_one_layer_is_named_by_the_routing_agreement(tmp_p
     fails (exact) or not (an engine compared within the tolerance), the report names layer 2
     as where the engine's routing first leaves the reference's -- console message and
     properties alike."""
-    patch = """
-        import engine.model as M
-        good = M.Model.route
-        def route(self, il, h):
-            if il != 2:
-                return good(self, il, h)
-            probs = M.ops.softmax(self._mm(f"blk.{il}.ffn_gate_inp.weight", h) * np.float32(1.0) +
-                                  np.linspace(0, 0.5, self.hp.n_expert, dtype=np.float32))
-            sel = np.argsort(-probs, axis=-1, kind="stable")[:, :self.hp.n_expert_used].astype(np.int32)
-            w = np.take_along_axis(probs, sel, axis=-1)
-            return sel, (w / w.sum(axis=-1, keepdims=True, dtype=np.float32)).astype(np.float32)
-        M.Model.route = route
-    """
-    rc, rep = run_check(tmp_path, tiny_model, broken_engine(tmp_path, patch, reference_exact=reference_exact), *SUITE,
+    rc, rep = run_check(tmp_path, tiny_model, broken_engine(tmp_path, ROUTER_NUDGED_IN_LAYER_2, reference_exact=reference_exact), *SUITE,
                         "--set", "model_suite.max_kl=1")
     prompt = results(rep, "model")[0]
     p = prompt["properties"]

@@ -31,6 +31,7 @@ import yaml
 from epmci.cli import main as epmci_main
 from epmci.gguf.identity import model_identity
 from epmci.perf.golden import dump_yaml
+from faults import ROUTER_NUDGED_IN_LAYER_2
 
 REPO = Path(__file__).resolve().parent.parent
 PROFILE = "t"
@@ -118,6 +119,9 @@ def test_perf_passes_against_its_own_golden(tmp_path, tiny_model, golden_dir):
     t = res["baseline: decode tok/s vs golden"]
     assert t["status"] == "skip" and "no timing baseline" in t["message"]      # recorded --no-timing
     assert res["baseline: peak RSS"]["status"] == "pass"
+    r = res["baseline: routing"]
+    assert r["status"] == "pass" and "routing of 2 prompts equals golden on every layer" in r["message"]
+    assert r["properties"]["p1_routing_agreement"] == [1.0] * 4          # tiny: 4 layers
     xml = junit.read_text()
     assert 'name="baseline: decode tok/s vs golden.verdict" value="SKIPPED"' in xml
     assert "<skipped" in xml
@@ -169,6 +173,45 @@ def test_last_bit_logits_change_fails_the_drift_gate_with_kl(tmp_path, tiny_mode
         assert "output drifted from golden" in m and "KL(golden||current) max" in m, m
         assert "generated tokens equal" in m and "top-1 agreement 8/8" in m, m
         assert 0 <= r["properties"]["kl_max"] < 1e-6
+
+
+# ------------------------------------------------------------------ routing
+
+def test_a_router_moved_in_one_layer_is_named_against_golden(tmp_path, tiny_model, golden_dir):
+    """The recorded routing names the layer where a change moved it: layer 2, not before."""
+    cmd = wrapper(tmp_path, ROUTER_NUDGED_IN_LAYER_2)
+    rc, rep, junit = check(tmp_path, tiny_model, golden_dir, "--no-timing", engine_cmd=cmd)
+    assert rc == 1
+    r = results(rep)["baseline: routing"]
+    assert r["status"] == "fail" and "p1: routing first diverges at layer 2" in r["message"], r["message"]
+    p = r["properties"]
+    assert p["p1_routing_first_divergent_layer"] == 2 and p["p1_routing_agreement"][:2] == [1.0, 1.0]
+    assert p["p1_routing_agreement"][2] < 1.0
+    assert 'name="baseline: routing.p1_routing_first_divergent_layer" value="2"' in junit.read_text()
+
+
+def test_routing_is_skipped_visibly_without_a_dump_or_a_recorded_routing(tmp_path, tiny_model, golden_dir):
+    """An engine without the MoE dump, and a golden recorded before routing was: a skip that
+    says why (and how to record it), never a pass."""
+    from epmci.perf import golden as G
+    cmd = wrapper(tmp_path, """
+        import engine.contract_info as CI
+        CI.FEATURES = tuple(f for f in CI.FEATURES if f != "moe_dump")
+    """)
+    rc, rep, _ = check(tmp_path, tiny_model, golden_dir, "--no-timing", engine_cmd=cmd)
+    r = results(rep)["baseline: routing"]
+    assert r["status"] == "skip" and "does not declare moe_dump" in r["message"]
+    assert results(rep)["baseline: counters"]["status"] == "pass"   # a wrapper's RSS may differ: not judged here
+    f = golden_file(golden_dir, tiny_model)
+    g = G.load(f)
+    g.routing = {}
+    for e in g.scenarios["baseline"]["prompts"]:
+        del e["routing_sha256"]
+    G.write(g, f)
+    rc, rep, _ = check(tmp_path, tiny_model, golden_dir, "--no-timing")
+    r = results(rep)["baseline: routing"]
+    assert rc == 0 and r["status"] == "skip" and "has no routing for prompt(s) [1, 2]" in r["message"]
+    assert "epmci golden update --profile t" in r["message"]
 
 
 # ------------------------------------------------------------------ timing

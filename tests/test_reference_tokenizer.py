@@ -23,7 +23,7 @@ TEXTS = [
 @pytest.fixture(scope="module", params=["tiny", "ci"])
 def pair(request, tiny_model, ci_model):
     path = tiny_model if request.param == "tiny" else ci_model
-    return ReferenceTokenizer.of(ModelFile(path)), Tokenizer.from_gguf(GGUFModel(path).reader)
+    return ReferenceTokenizer.of(ModelFile(path)), Tokenizer.from_gguf(GGUFModel(path).file.fields)
 
 
 def test_agrees_with_the_engine_on_fixed_texts(pair):

@@ -7,6 +7,7 @@ import random
 import gguf
 import pytest
 
+from engine.gguf_file import GGUFFile
 from engine.tokenizer import Tokenizer, bytes_to_unicode as engine_b2u
 from epmci.synth.vocab import (
     CORPUS,
@@ -39,7 +40,7 @@ def vocab():
 @pytest.fixture(scope="module")
 def tok(vocab, tmp_path_factory):
     path = _write_gguf(tmp_path_factory.mktemp("tok") / "tok.gguf", vocab)
-    return Tokenizer.from_gguf(gguf.GGUFReader(str(path)))
+    return Tokenizer.from_gguf(GGUFFile(path).fields)
 
 
 # ---------------------------------------------------------------- vocab
@@ -235,13 +236,13 @@ def test_bpe_lowest_rank_first():
 def test_unknown_pre_raises(vocab, tmp_path):
     path = _write_gguf(tmp_path / "bad.gguf", vocab, pre="no-such-pre")
     with pytest.raises(ValueError, match="pre-tokenizer"):
-        Tokenizer.from_gguf(gguf.GGUFReader(str(path)))
+        Tokenizer.from_gguf(GGUFFile(path).fields)
 
 
 @pytest.mark.parametrize("pre", ["default", "gpt-2"])
 def test_other_pre_round_trip(vocab, tmp_path, pre):
     path = _write_gguf(tmp_path / f"{pre}.gguf", vocab, pre=pre)
-    t = Tokenizer.from_gguf(gguf.GGUFReader(str(path)))
+    t = Tokenizer.from_gguf(GGUFFile(path).fields)
     for s in ROUND_TRIP:
         assert t.decode_bytes(t.encode(s)) == s.encode("utf-8")
 
@@ -259,7 +260,7 @@ def test_against_llama_cpp(vocab, tmp_path):
         lv = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
     except Exception as e:  # pragma: no cover - depends on the installed build
         pytest.skip(f"llama_cpp cannot load a vocab-only GGUF: {e}")
-    t = Tokenizer.from_gguf(gguf.GGUFReader(str(path)))
+    t = Tokenizer.from_gguf(GGUFFile(path).fields)
     rng = random.Random(0)
     samples = ROUND_TRIP + [_random_text(rng, 40) for _ in range(50)] + [CORPUS]
     for s in samples:

@@ -150,6 +150,13 @@ def read_moe_dump(path: str | os.PathLike, layer: int | None = None,
     return MoEDump(recs[0].layer, recs)
 
 
+def read_routing(prefix: str | os.PathLike, n_layer: int, n_embd: int, k: int) -> list[np.ndarray]:
+    """The routed experts of every evaluated row, per layer: PREFIX.0 .. PREFIX.(n_layer-1)
+    of a MoE dump, each (rows, k) int32 in the engine's selection order."""
+    return [read_moe_dump(f"{prefix}.{il}", layer=il, n_embd=n_embd, k=k).concat().selected.copy()
+            for il in range(n_layer)]
+
+
 # ------------------------------------------------------------------------ delta-net state dump
 
 @dataclass

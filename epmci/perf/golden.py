@@ -21,11 +21,15 @@ The side file keeps, per scenario and prompt, the first `golden_rows` logits row
 last prompt row on -- float32, exactly as the engine wrote them, zlib-compressed (float32 and
 not float16: the ci model's vocabulary is 1024, so a few rows per prompt are a few tens of
 KiB, and exact rows make the measured drift exact too; the digest in the YAML covers all
-rows). Format: b"EPGL", uint32 version, uint32 header length, a JSON header
-{"entries": [{"key": "<scenario>/<prompt index>", "rows": R, "n_vocab": V}, ...]}, then zlib of
-the entries' float32 rows concatenated in header order. Its name carries its own sha256, and
-the YAML names it, so writing the side file and then renaming the YAML into place is atomic:
-a reader sees the old pair or the new pair, never a mix.
+rows) -- and, for an engine with a MoE dump, the routed experts of every evaluated row of
+every layer (uint16, n_layer x rows x k; the YAML holds their sha256 as routing_sha256), so a
+change that moves routing is named by layer (epmci.compare.routing). Format: b"EPGL", uint32
+version, uint32 header length, a JSON header {"entries": [{"key": K, "dtype": "<f4" | "<u2",
+"shape": [...]}, ...]} (version 1: {"key", "rows", "n_vocab"}, float32 only), then zlib of the
+entries' arrays concatenated in header order; keys "<scenario>/<prompt index>" (logits) and
+"routing/<scenario>/<prompt index>". Its name carries its own sha256, and the YAML names it,
+so writing the side file and then renaming the YAML into place is atomic: a reader sees the
+old pair or the new pair, never a mix.
 
 Anything wrong with a golden file (not YAML, wrong schema version, missing or mistyped field,
 side file missing or not matching its digest) is an InputError naming the file: exit 2.
@@ -47,6 +51,7 @@ import yaml
 
 from ..compare.counters import counter_changes
 from ..compare.logits import drift
+from ..compare.routing import routing_agreement
 from ..errors import InputError
 from ..fsutil import atomic_write
 from .machine import mismatches
@@ -55,7 +60,9 @@ SCHEMA = 1
 KIND = "epmci-golden"
 HISTORY_KEEP = 10
 LOGITS_MAGIC = b"EPGL"
-LOGITS_VERSION = 1
+LOGITS_VERSION = 2
+ROUTING_KEY = "routing/"
+ROUTING_DTYPE = "<u2"
 
 
 # ------------------------------------------------------------------ paths
@@ -86,6 +93,7 @@ class Golden:
     recorded: dict = field(default_factory=dict)     # date, reason, engine, epmci, host
     history: list = field(default_factory=list)      # earlier {date, reason}, newest first
     logits: dict = field(default_factory=dict)       # "<scenario>/<i>" -> float32 (rows, n_vocab)
+    routing: dict = field(default_factory=dict)      # "<scenario>/<i>" -> routed experts (n_layer, rows, k)
     path: Path | None = None
     logits_file: str | None = None
     engine: dict | None = None                       # {name, version, contract, command}; None: older file
@@ -109,6 +117,10 @@ class Golden:
     def rows(self, scenario: str, i: int) -> np.ndarray | None:
         return self.logits.get(f"{scenario}/{i}")
 
+    def routes(self, scenario: str, i: int) -> np.ndarray | None:
+        """The routed experts recorded for the prompt (n_layer, rows, k); None: not recorded."""
+        return self.routing.get(f"{scenario}/{i}")
+
     def to_yaml_dict(self, logits_name: str, logits_sha: str) -> dict:
         return {
             "schema": SCHEMA,
@@ -121,44 +133,59 @@ class Golden:
             "machine": self.machine,
             "settings": self.settings,
             "logits": {"file": logits_name, "sha256": logits_sha,
-                       "format": "EPGL v1: zlib-compressed float32 rows (epmci/perf/golden.py)"},
+                       "format": f"EPGL v{LOGITS_VERSION}: zlib-compressed logits rows and routing "
+                                 "(epmci/perf/golden.py)"},
             "scenarios": self.scenarios,
         }
 
 
 # ------------------------------------------------------------------ logits side file
 
-def pack_logits(entries: dict[str, np.ndarray]) -> bytes:
+def pack_side(logits: dict[str, np.ndarray], routing: dict[str, np.ndarray]) -> bytes:
+    entries = {k: np.ascontiguousarray(a, dtype="<f4") for k, a in logits.items()}
+    entries.update({ROUTING_KEY + k: np.ascontiguousarray(a, dtype=ROUTING_DTYPE) for k, a in routing.items()})
     keys = sorted(entries)
-    arrs = [np.ascontiguousarray(entries[k], dtype="<f4") for k in keys]
-    header = json.dumps({"entries": [{"key": k, "rows": int(a.shape[0]), "n_vocab": int(a.shape[1])}
-                                     for k, a in zip(keys, arrs)]}, sort_keys=True).encode()
-    body = zlib.compress(b"".join(a.tobytes() for a in arrs), 9)
+    header = json.dumps({"entries": [{"key": k, "dtype": entries[k].dtype.str, "shape": list(entries[k].shape)}
+                                     for k in keys]}, sort_keys=True).encode()
+    body = zlib.compress(b"".join(entries[k].tobytes() for k in keys), 9)
     return LOGITS_MAGIC + struct.pack("<II", LOGITS_VERSION, len(header)) + header + body
 
 
-def unpack_logits(data: bytes, where: object) -> dict[str, np.ndarray]:
+def routing_sha256(routes: np.ndarray) -> str:
+    """The digest of a prompt's routing (n_layer, rows, k), as the YAML records it."""
+    return hashlib.sha256(np.ascontiguousarray(routes, dtype=ROUTING_DTYPE).tobytes()).hexdigest()
+
+
+def unpack_side(data: bytes, where: object) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """(logits, routing) of a side file, version 1 or 2."""
     if len(data) < 12 or data[:4] != LOGITS_MAGIC:
         raise InputError(where, "not a golden logits file (bad magic)")
     version, hlen = struct.unpack_from("<II", data, 4)
-    if version != LOGITS_VERSION:
-        raise InputError(where, f"logits file version {version}, expected {LOGITS_VERSION}")
+    if version not in (1, LOGITS_VERSION):
+        raise InputError(where, f"logits file version {version}, expected 1 or {LOGITS_VERSION}")
     try:
         header = json.loads(data[12:12 + hlen])
         body = zlib.decompress(data[12 + hlen:])
-        entries = header["entries"]
+        entries = [(e["key"], np.dtype("<f4"), (int(e["rows"]), int(e["n_vocab"]))) if version == 1 else
+                   (e["key"], np.dtype(e["dtype"]), tuple(int(d) for d in e["shape"])) for e in header["entries"]]
     except (ValueError, KeyError, TypeError, zlib.error) as e:
         raise InputError(where, f"corrupt logits file ({type(e).__name__})") from None
-    out, pos = {}, 0
-    for e in entries:
-        n = 4 * int(e["rows"]) * int(e["n_vocab"])
+    logits, routing, pos = {}, {}, 0
+    for key, dtype, shape in entries:
+        if dtype.str not in ("<f4", ROUTING_DTYPE) or any(d < 0 for d in shape):
+            raise InputError(where, f"corrupt logits file (entry {key}: dtype {dtype.str}, shape {shape})")
+        n = dtype.itemsize * int(np.prod(shape))
         if pos + n > len(body):
             raise InputError(where, "corrupt logits file (truncated)")
-        out[e["key"]] = np.frombuffer(body, "<f4", n // 4, pos).reshape(int(e["rows"]), int(e["n_vocab"]))
+        a = np.frombuffer(body, dtype, n // dtype.itemsize, pos).reshape(shape)
+        if key.startswith(ROUTING_KEY):
+            routing[key[len(ROUTING_KEY):]] = a
+        else:
+            logits[key] = a
         pos += n
     if pos != len(body):
         raise InputError(where, "corrupt logits file (trailing bytes)")
-    return out
+    return logits, routing
 
 
 # ------------------------------------------------------------------ load (validated)
@@ -188,8 +215,14 @@ def load(path: str | os.PathLike) -> Golden:
         raise InputError(p, "scenarios: empty")
     for name, s in scenarios.items():
         _check_scenario(s, f"scenarios.{name}.", len(settings["prompts"]), p)
-    name, logits = _side_file(d, p)
-    return Golden(profile, model, settings, scenarios, machine, recorded, history, logits, p, name, engine)
+    name, (logits, routing) = _side_file(d, p)
+    for sname, s in scenarios.items():
+        for i, e in enumerate(s["prompts"]):
+            want, got = e.get("routing_sha256"), routing.get(f"{sname}/{i}")
+            if want is not None and (got is None or routing_sha256(got) != want):
+                raise InputError(p, f"scenarios.{sname}.prompts[{i}].routing_sha256: "
+                                    f"{'not in the side file' if got is None else 'does not match the side file'}")
+    return Golden(profile, model, settings, scenarios, machine, recorded, history, logits, routing, p, name, engine)
 
 
 def _read_yaml(p: Path) -> dict:
@@ -255,6 +288,8 @@ def _check_scenario(s, ctx: str, n_prompts: int, p: Path) -> None:
         for k, t in (("prompt_tokens", int), ("first_tokens", list), ("logits_rows", int),
                      ("logits_sha256", str), ("text_sha256", str), ("counters", dict)):
             _need(e, k, t, p, c)
+        if not isinstance(e.get("routing_sha256", ""), str):
+            raise InputError(p, f"{c}routing_sha256: expected str")
         if not all(isinstance(x, int) for x in e["first_tokens"]):
             raise InputError(p, f"{c}first_tokens: expected integers")
         for phase, cs in e["counters"].items():
@@ -269,7 +304,7 @@ def _check_scenario(s, ctx: str, n_prompts: int, p: Path) -> None:
 
 
 def _side_file(d: dict, p: Path):
-    """(file name, logits rows) of the logits side file, checked against its recorded sha256."""
+    """(file name, (logits rows, routing)) of the side file, checked against its recorded sha256."""
     lg = _need(d, "logits", dict, p, "")
     name = _need(lg, "file", str, p, "logits.")
     sha = _need(lg, "sha256", str, p, "logits.")
@@ -282,7 +317,7 @@ def _side_file(d: dict, p: Path):
         raise InputError(p, f"logits side file {name} is missing") from None
     if hashlib.sha256(data).hexdigest() != sha:
         raise InputError(side, f"does not match the sha256 recorded in {p.name} (corrupt or stale)")
-    return name, unpack_logits(data, side)
+    return name, unpack_side(data, side)
 
 
 def find(root: str | os.PathLike, profile: str, model_id: str) -> Golden | None:
@@ -316,7 +351,7 @@ def write(g: Golden, path: str | os.PathLike) -> Path:
     side files no longer referenced are removed."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    data = pack_logits(g.logits)
+    data = pack_side(g.logits, g.routing)
     sha = hashlib.sha256(data).hexdigest()
     stem = p.name[:-len(".yaml")] if p.name.endswith(".yaml") else p.name
     side = f"{stem}.{sha[:12]}.logits"
@@ -370,8 +405,10 @@ def render(g: Golden) -> str:
         out.append(f"  scenario {name}: arena {sc['arena_mb']:.2f} MiB, {tt}, peak RSS {sc['peak_rss_mb']:.0f} MiB")
         for i, e in enumerate(sc["prompts"]):
             d = e["counters"].get("decode", {})
+            r = g.routes(name, i)
             out.append(f"    prompt {i + 1} {s['prompts'][i][:30]!r}: {e['prompt_tokens']} prompt tokens, "
-                       f"first tokens {e['first_tokens'][:8]}..., logits {e['logits_sha256'][:16]}...")
+                       f"first tokens {e['first_tokens'][:8]}..., logits {e['logits_sha256'][:16]}..., "
+                       + ("no routing" if r is None else f"routing {r.shape[0]} layers x {r.shape[1]} rows"))
             if d:
                 out.append(f"      decode: hits {d.get('hits')} misses {d.get('misses')} evictions "
                            f"{d.get('evictions')} ssd_bytes/token {d.get('ssd_bytes_per_token')} "
@@ -422,4 +459,9 @@ def diff(a: Golden, b: Golden) -> list[str]:
                 if ra is not None and rb is not None:
                     msg += f"; {drift(ra, rb).drift_text()}"
                 out.append(msg)
+            if ea.get("routing_sha256") != eb.get("routing_sha256"):
+                qa, qb = a.routes(name, i), b.routes(name, i)
+                out.append(f"{tag}: " + ("routing " + ("recorded" if qb is not None else "no longer recorded")
+                                         if qa is None or qb is None else
+                                         routing_agreement(list(qb), list(qa), other="the old golden").text()))
     return out

@@ -12,7 +12,7 @@ from typing import Callable
 
 from ..config.experiments import EXPERIMENTS
 from ..contract.process import EngineCommand
-from .golden import Golden, new_history, now
+from .golden import Golden, new_history, now, routing_sha256
 from .plan import PerfPlan
 from .measure import unstable
 from .run import RunFailed, Scenario
@@ -33,7 +33,7 @@ def record_golden(engine: EngineCommand, model: Path, plan: PerfPlan, workdir: C
                   previous: Golden | None, say=lambda s: None) -> Golden:
     """Measure every scenario the way the check does and return the Golden to write. Raises
     RuntimeError when a run fails or is not reproducible (nothing is written then)."""
-    scenarios, logits = {}, {}
+    scenarios, logits, routing = {}, {}, {}
     busiest: float | None = None    # the most CPU other processes took during a timed run
     for scen in plan.cfg.perf.scenarios:
         def progress(kind, i, n, m, scen=scen):
@@ -53,6 +53,9 @@ def record_golden(engine: EngineCommand, model: Path, plan: PerfPlan, workdir: C
         if bad:
             raise RuntimeError(f"{scen}: timed run {bad[0]} is not reproducible (counters or logits differ "
                                f"from the first run): refusing to record")
+        if runs.routing_failure:
+            raise RuntimeError(f"{scen}: {runs.routing_failure}: refusing to record")
+        routes = runs.routing or [None] * len(first)
         samples = [round(m.tok_s, 4) for m in timed]
         busy = [m.other_cpu_pct for m in timed if m.other_cpu_pct is not None]
         if timing and busy:
@@ -68,10 +71,13 @@ def record_golden(engine: EngineCommand, model: Path, plan: PerfPlan, workdir: C
                         "median": round(statistics.median(samples), 4)} if timing else None),
             "peak_rss_mb": max(m.peak_rss_mb for m in all_runs),
             "vm_swap_mb": max(m.vm_swap_mb for m in all_runs),
-            "prompts": [{**m.fingerprint(), "counters": m.counters} for m in first],
+            "prompts": [{**m.fingerprint(), "counters": m.counters,
+                         **({} if r is None else {"routing_sha256": routing_sha256(r)})} for m, r in zip(first, routes)],
         }
-        for i, m in enumerate(first):
+        for i, (m, r) in enumerate(zip(first, routes)):
             logits[f"{scen}/{i}"] = m.gen_rows
+            if r is not None:
+                routing[f"{scen}/{i}"] = r
     try:
         ver = version("epmci")
     except PackageNotFoundError:
@@ -88,4 +94,5 @@ def record_golden(engine: EngineCommand, model: Path, plan: PerfPlan, workdir: C
                   **({"other_cpu_pct_max": busiest} if busiest is not None else {})},
         history=new_history(previous),
         logits=logits,
+        routing=routing,
     )

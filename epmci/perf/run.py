@@ -5,7 +5,10 @@ records are measured here, the same way:
    prompt 1 with --profile-out, and its runs read that routing profile;
 2. every prompt of perf.prompts once, the timed first prompt last, so the other prompts'
    runs warm up (numba's cache files, the interpreter) for its first timed sample;
-3. more timed runs of prompt 1 as asked (`timed_run` buys one more).
+3. more timed runs of prompt 1 as asked (`timed_run` buys one more);
+4. an engine with a MoE dump: every prompt once more, untimed, with SDQ_MOE_DUMP, for the
+   routed experts of every row and layer (kept out of the timed and counted runs: the dump
+   is I/O and memory of its own).
 
 Every run is a perf.measure.measure() (page cache dropped first). A failed run raises
 RunFailed naming which run it was.
@@ -13,11 +16,15 @@ RunFailed naming which run it was.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
+
 from ..config.experiments import EXPERIMENTS
+from ..contract.outputs import ContractError, read_routing
 from ..contract.process import EngineCommand
 from .measure import Measurement, measure
 from .plan import PerfPlan
@@ -39,6 +46,8 @@ def timing_order(n_prompts: int) -> list[int]:
 class ScenarioRuns:
     first: list[Measurement] = field(default_factory=list)   # one per prompt, in prompt order
     timed: list[Measurement] = field(default_factory=list)   # prompt 1's timed runs, first[0] included
+    routing: list[np.ndarray] | None = None   # per prompt, routed experts (n_layer, rows, k); None: no MoE dump
+    routing_failure: str | None = None        # why a declared MoE dump gave no routing
 
 
 class Scenario:
@@ -75,7 +84,32 @@ class Scenario:
         self.runs = ScenarioRuns(first, [first[0]])
         while len(self.runs.timed) < timed_repeats:
             self.timed_run(timed_repeats)
+        if self.engine.has("moe_dump"):
+            self.routing_runs()
         return self.runs
+
+    def routing_runs(self) -> None:
+        """Step 4: every prompt's routing, or why there is none (a failed run or an unusable
+        dump is the routing verdict's failure, not the scenario's)."""
+        f, routing = self.plan.facts, []
+        for i, spec in enumerate(self.specs):
+            prefix = self.workdir(f"perf-{self.name}-moe-p{i}") / "moe"
+            m = self._measure(dataclasses.replace(spec, env={**spec.env, "SDQ_MOE_DUMP": str(prefix)}),
+                              f"moe-p{i}", f"p{i + 1} routing")
+            if not m.ok:
+                self.runs.routing_failure = f"the MoE-dump run of prompt {i + 1} failed: {m.failure}"
+                return
+            try:
+                layers = read_routing(prefix, f.n_layer, f.n_embd, f.n_expert_used)
+            except ContractError as e:
+                self.runs.routing_failure = f"prompt {i + 1}: {e}"
+                return
+            finally:
+                for p in prefix.parent.glob("moe.*"):
+                    p.unlink()
+            rows = min(len(x) for x in layers)
+            routing.append(np.stack([x[:rows] for x in layers]))
+        self.runs.routing = routing
 
     def timed_run(self, of: int = 0) -> Measurement:
         k = len(self.runs.timed)

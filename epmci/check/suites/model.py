@@ -49,7 +49,7 @@ from ...reference.tokenizer import ReferenceTokenizer
 from ..capabilities import lacks
 from ..context import CheckContext
 from ..reference_runs import whole_model
-from ..routing import routing_agreement
+from ..routing import reference_routing_agreement
 from ..state_check import STATE_FILE, StateVerdict, compare_states, deltanet_layers, read_states
 from ..result import FAIL, PASS, CheckResult
 from .base import Task, run_failed
@@ -180,7 +180,7 @@ class ModelSuite:
         if not ctx.engine.has("moe_dump"):
             return ""
         try:
-            agreement = routing_agreement(ctx.mf, out / "moe", ref_moe_in, positions)
+            agreement = reference_routing_agreement(ctx.mf, out / "moe", ref_moe_in, positions)
         except ContractError as e:
             return f"; no routing agreement ({e})"
         props.update(agreement.props())

@@ -15,6 +15,10 @@ exclusive: they start after every other check finished and run one at a time (wi
 - fingerprint: generated tokens, logits digest and text digest equal golden; on a mismatch
   the KL divergence and top-1 agreement against the golden logits rows say how far it
   drifted.
+- routing (an engine with a MoE dump): every prompt's routed expert set at every row and
+  layer equals golden's; a change names the first layer where routing moved and how many
+  positions agree per layer (epmci.compare.routing) -- where a drift starts, even when the
+  generated text is the same.
 - decode tok/s vs golden: Mann-Whitney U on the samples plus a minimum effect size:
   SAME / DIFFERENT / UNKNOWN. Skipped (not passed) with --no-timing, without a timing
   baseline, or on a machine whose fingerprint differs from the one golden was recorded on.
@@ -40,6 +44,7 @@ from dataclasses import dataclass
 
 from ...compare.counters import counter_changes, io_diagnosis, n_counters
 from ...compare.logits import drift
+from ...compare.routing import routing_agreement
 from ...compare.stats import DIFFERENT, SAME, UNKNOWN, compare_samples, per_look_alpha
 from ...config.experiments import EXPERIMENTS
 from ...perf.machine import mismatches
@@ -66,11 +71,14 @@ class Evidence:
     why: str | None                # ...and why
     first: list[Measurement]       # one run per prompt
     timed: list[Measurement]       # prompt 1's timed runs (the first of them included)
+    routing: list | None = None    # per prompt, routed experts (n_layer, rows, k); None: no MoE dump
+    routing_failure: str | None = None
 
 
 def result_names(ctx: CheckContext, scen: str) -> list[str]:
     names = [f"{scen}: counters"]
     names += [f"{scen}: fingerprint {prompt_label(i, p, 'p')}" for i, p in enumerate(ctx.cfg.perf.prompts)]
+    names.append(f"{scen}: routing")
     names += [f"{scen}: decode tok/s vs golden", f"{scen}: peak RSS"]
     return names
 
@@ -211,9 +219,11 @@ class PerfSuite:
             runs = sc.run(plan.repeats if timing_skip is None else 1)
         except RunFailed as e:
             return run_failed(NAME, names, e.measurement.run, f"{e.what}: ", e.measurement.failure)
-        ev = Evidence(plan, scen, *self._golden_scenario(plan, scen), runs.first, runs.timed)
+        ev = Evidence(plan, scen, *self._golden_scenario(plan, scen), runs.first, runs.timed, runs.routing,
+                      runs.routing_failure)
         out = [self.counters(ev, names[0])]
         out += [self.fingerprint(ev, names[1 + i], i) for i in range(len(ev.first))]
+        out.append(self.routing(ctx, ev, names[-3]))
         out.append(self.timing(ctx, ev, names[-2], timing_skip, sc))
         out.append(self.rss(ctx, ev, names[-1]))
         out[0].seconds = time.perf_counter() - t0     # the scenario's runs, reported once
@@ -263,6 +273,34 @@ class PerfSuite:
         return CheckResult(NAME, name, PASS, f"{n} counters of {len(first)} prompts equal golden (decode: "
                            f"{d0.get('hits')} hits, {d0.get('misses')} misses, {d0.get('evictions')} evictions, "
                            f"{d0.get('ssd_bytes_per_token', 0) / 2**20:.3f} MiB/token)", props)
+
+    def routing(self, ctx: CheckContext, ev: Evidence, name: str) -> CheckResult:
+        plan, scen, g = ev.plan, ev.scen, ev.golden
+        if not ctx.engine.has("moe_dump"):
+            return CheckResult(NAME, name, SKIP, "the engine does not declare moe_dump: its routing is not "
+                                                 "compared with golden")
+        if ev.routing_failure:
+            return CheckResult(NAME, name, FAIL, ev.routing_failure)
+        if g is None:
+            return CheckResult(NAME, name, missing_baseline_status(plan.cfg), ev.why)
+        prob = self._settings_problem(plan, scen, COUNTER_SETTINGS)
+        if prob:
+            return CheckResult(NAME, name, FAIL, prob)
+        missing = [i + 1 for i in range(len(ev.routing)) if plan.golden.routes(scen, i) is None]
+        if missing:
+            return CheckResult(NAME, name, SKIP, f"golden {plan.golden_file.name} has no routing for prompt(s) "
+                                                 f"{missing} (recorded before routing was): re-record with "
+                                                 f"`{plan.record_hint()}`")
+        agree = [routing_agreement(list(r), list(plan.golden.routes(scen, i)), other="golden")
+                 for i, r in enumerate(ev.routing)]
+        props: dict = {"prompts": len(agree)}
+        for i, a in enumerate(agree):
+            props.update({f"p{i + 1}_{k}": v for k, v in a.props().items()})
+        moved = [f"p{i + 1}: {a.text()}" for i, a in enumerate(agree) if not a.same]
+        if moved:
+            return CheckResult(NAME, name, FAIL, "routing moved from golden -- " + "; ".join(moved), props)
+        return CheckResult(NAME, name, PASS, f"routing of {len(agree)} prompts equals golden on every layer "
+                           f"({', '.join(str(a.positions) for a in agree)} positions)", props)
 
     def fingerprint(self, ev: Evidence, name: str, i: int) -> CheckResult:
         plan, scen, g, m = ev.plan, ev.scen, ev.golden, ev.first[i]
