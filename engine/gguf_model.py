@@ -2,8 +2,8 @@
 metadata, tensors as views.
 
 A file the engine cannot use is a ModelError naming the file and the problem (the CLI's one
-line, exit 2), raised before anything large is read: gguf-py's parse errors, metadata strings
-that are not UTF-8, tensor data not laid out as llama.cpp's loader requires, hyperparameters
+line, exit 2), raised before anything large is read: the header's parse errors
+(engine/gguf_file.py), metadata strings that are not UTF-8, tensor data not laid out as llama.cpp's loader requires, hyperparameters
 that are no positive number, shapes, and the tokenizer's refusals (duplicate tokens, ...).
 
 Every tensor starts as a view into one read-only memory map of the file. `load_resident`
@@ -22,9 +22,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGUFReader, GGUFValueType
+from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as Q
 
+from .gguf_file import GGUFFile, GGUFFormatError, GGUFStringError, TensorInfo
 from .qtypes import QTYPES
 from .tokenizer import Tokenizer
 
@@ -33,6 +34,18 @@ QWEN35 = "qwen35moe"   # Gated DeltaNet + gated attention layers, a shared exper
 ARCHS = (ARCH, QWEN35)
 SUPPORTED = {Q(t) for t in QTYPES}
 EXPERT_PARTS = ("gate", "up", "down")
+
+
+def type_name(ggml_type: int) -> str:
+    try:
+        return Q(ggml_type).name
+    except ValueError:
+        return f"number {ggml_type}"
+
+
+def tensor_bytes(t: TensorInfo) -> int:
+    block, bsize = GGML_QUANT_SIZES[Q(t.ggml_type)]
+    return math.prod(t.shape) // block * bsize
 
 
 class ModelError(Exception):
@@ -116,61 +129,54 @@ class GGUFModel:
             if f.read(4) != b"GGUF":
                 raise ModelError(f"{self.path}: not a GGUF file (bad magic)")
         try:
-            self.reader = GGUFReader(self.path)
-        except Exception as e:
+            self.file = GGUFFile(self.path)
+        except GGUFStringError as e:
+            raise ModelError(f"{self.path}: {e}") from None
+        except (GGUFFormatError, OverflowError, ValueError) as e:
             raise ModelError(f"{self.path}: corrupt or truncated GGUF ({type(e).__name__}: {e})") from None
-        self._check_strings()
         arch = self._meta("general.architecture", None)
         if arch not in ARCHS:
             raise ModelError(f"{self.path}: unsupported architecture {arch!r} (engine runs {', '.join(ARCHS)})")
-        for t in self.reader.tensors:   # before the layout: the clearer word for a retyped tensor
-            if Q(t.tensor_type) not in SUPPORTED:
-                raise ModelError(f"{self.path}: tensor {t.name} has unsupported type {Q(t.tensor_type).name}")
+        for t in self.file.tensors:   # before the layout: the clearer word for a retyped tensor
+            if t.ggml_type not in SUPPORTED:
+                raise ModelError(f"{self.path}: tensor {t.name} has unsupported type {type_name(t.ggml_type)}")
         self._check_layout(size)
         self.tensors: dict[str, Tensor] = {}
-        for t in self.reader.tensors:
-            qtype = Q(t.tensor_type)
-            shape = tuple(int(d) for d in t.field.parts[3])
-            block, bsize = GGML_QUANT_SIZES[qtype]
-            rows = shape[1:][::-1]
+        for t in self.file.tensors:
+            qtype = Q(t.ggml_type)
+            start = self.file.data_offset + t.offset
+            raw = self.file.data[start:start + tensor_bytes(t)]
+            rows = t.shape[1:][::-1]
             if qtype == Q.F32:
-                data = np.asarray(t.data).view(np.float32).reshape(*rows, shape[0])
+                data = raw.view(np.float32).reshape(*rows, t.shape[0])
             else:
-                data = np.asarray(t.data).view(np.uint8).reshape(*rows, shape[0] // block * bsize)
-            self.tensors[t.name] = Tensor(t.name, qtype, shape, int(t.data_offset), data)
+                block, bsize = GGML_QUANT_SIZES[qtype]
+                data = raw.reshape(*rows, t.shape[0] // block * bsize)
+            self.tensors[t.name] = Tensor(t.name, qtype, t.shape, start, data)
         self.hp = self._hparams(arch)
         self._check_shapes()
         self.tokenizer = self._tokenizer()
 
-    def _check_strings(self) -> None:
-        """GGUF strings are UTF-8: a key whose bytes are not is named here, before anything
-        decodes it."""
-        for key, field in self.reader.fields.items():
-            if not field.types or field.types[-1] != GGUFValueType.STRING:
-                continue
-            for n, i in enumerate(field.data):
-                try:
-                    bytes(field.parts[i]).decode("utf-8")
-                except UnicodeDecodeError as e:
-                    where = f"{key}[{n}]" if field.types[0] == GGUFValueType.ARRAY else key
-                    raise ModelError(f"{self.path}: metadata {where} is not valid UTF-8 "
-                                     f"({e.reason} at byte {e.start})") from None
-
     def _check_layout(self, size: int) -> None:
-        """Tensor data as llama.cpp's GGUF loader requires it: in tensor-info order, each
-        tensor where the previous one ends padded to the alignment, all inside the file."""
-        align, start, want = int(self.reader.alignment), int(self.reader.data_offset), 0
-        for t in self.reader.tensors:
-            at = int(t.data_offset) - start
-            if at != want:
-                raise ModelError(f"{self.path}: tensor {t.name} has data offset {at}, expected {want} "
+        """Tensor data as llama.cpp's GGUF loader requires it: whole blocks per row, in
+        tensor-info order, each tensor where the previous one ends padded to the alignment,
+        all inside the file."""
+        align, start, want = self.file.alignment, self.file.data_offset, 0
+        for t in self.file.tensors:
+            block = GGML_QUANT_SIZES[Q(t.ggml_type)][0]
+            if not t.shape or t.shape[0] % block:
+                raise ModelError(f"{self.path}: tensor {t.name} has shape {list(t.shape)}: rows of whole "
+                                 f"{block}-value blocks expected")
+            if t.offset != want:
+                raise ModelError(f"{self.path}: tensor {t.name} has data offset {t.offset}, expected {want} "
                                  f"(tensors in order, each padded to {align} bytes)")
-            if start + at + int(t.n_bytes) > size:
+            n = tensor_bytes(t)
+            if start + t.offset + n > size:
                 raise ModelError(f"{self.path}: truncated (tensor {t.name} runs past end of file)")
-            want += -(-int(t.n_bytes) // align) * align
+            want += -(-n // align) * align
 
     def _meta(self, key: str, default=KeyError):
-        field = self.reader.get_field(key)
+        field = self.file.fields.get(key)
         if field is None:
             if default is KeyError:
                 raise ModelError(f"{self.path}: missing metadata key {key}")
@@ -309,7 +315,7 @@ class GGUFModel:
 
     def _tokenizer(self) -> Tokenizer:
         try:
-            tok = Tokenizer.from_gguf(self.reader)
+            tok = Tokenizer.from_gguf(self.file.fields)
         except ValueError as e:   # the vocabulary cannot be used (duplicates, types, ...)
             raise ModelError(f"{self.path}: {e}") from None
         if tok.n_vocab != self.hp.n_vocab:

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import heapq
 import warnings
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import regex
+
+from .gguf_file import ARRAY, INT32, STRING, Field
 
 __all__ = ["Tokenizer", "TokenType", "bytes_to_unicode"]
 
@@ -123,35 +125,6 @@ _WORD_CACHE_MAX = 1 << 17
 # ---------------------------------------------------------------------------
 
 
-def _field(reader, key: str):
-    return reader.fields.get(key)
-
-
-def _field_str(f) -> str:
-    return bytes(f.parts[f.data[0]]).decode("utf-8")
-
-
-def _field_int(f) -> int:
-    return int(f.parts[f.data[0]][0])
-
-
-def _field_bool(f) -> bool:
-    return bool(f.parts[f.data[0]][0])
-
-
-def _field_str_array(f) -> list[str]:
-    return [bytes(f.parts[i]).decode("utf-8") for i in f.data]
-
-
-def _field_int_array(f) -> list[int]:
-    return [int(f.parts[i][0]) for i in f.data]
-
-
-def _field_is_array_of(f, sub: str) -> bool:
-    types = [t.name for t in f.types]
-    return len(types) >= 2 and types[0] == "ARRAY" and types[-1] == sub
-
-
 class Tokenizer:
     """Byte-level BPE tokenizer (tokenizer.ggml.model = "gpt2")."""
 
@@ -241,54 +214,42 @@ class Tokenizer:
     # ------------------------------------------------------------------ loading
 
     @classmethod
-    def from_gguf(cls, reader) -> "Tokenizer":
-        """Build from a ``gguf.GGUFReader`` (reads reader.fields["tokenizer.ggml.*"])."""
-        f = _field(reader, "tokenizer.ggml.model")
-        if f is None:
+    def from_gguf(cls, fields: Mapping[str, Field]) -> "Tokenizer":
+        """Build from a GGUF file's metadata (engine.gguf_file: the tokenizer.ggml.* keys)."""
+        def get(key: str, want: str, kind: int, array: bool = False):
+            f = fields.get(key)
+            if f is not None and ((f.type, f.item_type) != ((ARRAY, kind) if array else (kind, None))):
+                raise ValueError(f"invalid gguf type for {key}{want}")
+            return None if f is None else f.contents()
+
+        model = get("tokenizer.ggml.model", "", STRING)
+        if model is None:
             raise ValueError("GGUF has no tokenizer.ggml.model")
-        model = _field_str(f)
         if model != "gpt2":
             raise ValueError(f"unsupported tokenizer model {model!r} (only 'gpt2' byte-level BPE is supported)")
-
-        f = _field(reader, "tokenizer.ggml.tokens")
-        if f is None:
+        tokens = get("tokenizer.ggml.tokens", "", STRING, array=True)
+        if tokens is None:
             raise ValueError("cannot find tokenizer vocab (tokenizer.ggml.tokens) in model file")
-        if not _field_is_array_of(f, "STRING"):
-            raise ValueError("invalid gguf type for tokenizer.ggml.tokens")
-        tokens = _field_str_array(f)
-
-        f = _field(reader, "tokenizer.ggml.merges")
-        if f is None:
+        merges = get("tokenizer.ggml.merges", "", STRING, array=True)
+        if merges is None:
             raise ValueError("cannot find tokenizer merges (tokenizer.ggml.merges) in model file")
-        if not _field_is_array_of(f, "STRING"):
-            raise ValueError("invalid gguf type for tokenizer.ggml.merges")
-        merges = _field_str_array(f)
-
-        token_types = None
-        f = _field(reader, "tokenizer.ggml.token_type")
-        if f is not None:
-            if not _field_is_array_of(f, "INT32"):
-                raise ValueError("invalid gguf type for tokenizer.ggml.token_type (must be an INT32 array)")
-            token_types = _field_int_array(f)
-
-        f = _field(reader, "tokenizer.ggml.pre")
-        pre = _field_str(f) if f is not None else None
+        token_types = get("tokenizer.ggml.token_type", " (must be an INT32 array)", INT32, array=True)
 
         def opt_int(key: str) -> int | None:
-            fld = _field(reader, key)
-            return _field_int(fld) if fld is not None else None
+            f = fields.get(key)
+            if f is not None and (f.item_type is not None or not isinstance(f.value, int)):
+                raise ValueError(f"invalid gguf type for {key} (must be an integer)")
+            return None if f is None else int(f.value)
 
-        f = _field(reader, "tokenizer.ggml.add_bos_token")
-        add_bos = _field_bool(f) if f is not None else False
-
+        add_bos = fields.get("tokenizer.ggml.add_bos_token")
         return cls(
             tokens=tokens,
             merges=merges,
             token_types=token_types,
-            pre=pre,
+            pre=get("tokenizer.ggml.pre", "", STRING),
             bos_id=opt_int("tokenizer.ggml.bos_token_id"),
             eos_id=opt_int("tokenizer.ggml.eos_token_id"),
-            add_bos=add_bos,
+            add_bos=bool(add_bos.value) if add_bos is not None and add_bos.item_type is None else False,
             pad_id=opt_int("tokenizer.ggml.padding_token_id"),
         )
 
