@@ -217,7 +217,10 @@ def test_shipped_baselines_load_and_match_the_ci_model():
         assert g.settings["prompts"] == cfg.perf.prompts
         for s in g.scenarios.values():
             assert s["prompts"] and all(p["counters"]["decode"]["tokens"] > 0 for p in s["prompts"])
-        assert f.stat().st_size + (f.parent / g.logits_file).stat().st_size < 200_000
+        # the repository stays light: a few tens of KiB per small model; the production-size
+        # model's 248k-token rows are ~1 MB each, so its baselines keep one row per prompt
+        size = f.stat().st_size + (f.parent / g.logits_file).stat().st_size
+        assert size < (4_000_000 if g.model.get("preset") == "prod35-full" else 200_000), f
 
 
 def test_golden_knows_whose_baselines_it_holds(tmp_path, capsys):
