@@ -100,7 +100,7 @@ def _mutate(path: Path, fn) -> None:
     ("missing", "scenarios: missing"),
     ("type", "first_tokens: expected list"),
     ("side missing", "side file"),
-    ("side tampered", "does not match the sha256"),
+    ("side tampered", "does not match its side file"),
 ])
 def test_bad_golden_is_an_input_error(tmp_path, case, problem):
     path = G.write(sample_golden(), tmp_path / "g.yaml")
@@ -122,6 +122,8 @@ def test_bad_golden_is_an_input_error(tmp_path, case, problem):
     with pytest.raises(InputError) as e:
         G.load(path)
     assert problem in e.value.problem, e.value.problem
+    if case == "side tampered":  # the YAML holds the digest, so it is named first
+        assert Path(e.value.where) == path, e.value.where
 
 
 @pytest.mark.parametrize("content,problem", [

@@ -445,22 +445,23 @@ def test_gate_runs_every_gate_model(gate_wf, golden_wf):
 
 def test_production_scale_runs_with_the_settings_its_baselines_were_recorded_with():
     """The nightly prod35-full job checks against golden/epm-8gb's prod35-full baselines:
-    its --set flags must be the settings those were recorded with, or every counter and
+    its --set flags must give the settings those were recorded with, or every counter and
     fingerprint comparison is refused as recorded with other settings."""
     from epmci.config import load_config
     from epmci.config.load import parse_set
     from epmci.perf import golden as G
-    wf = load_workflow(WORKFLOW_DIR / "production-scale.yml")
+    from epmci.perf.plan import perf_settings
+    path = WORKFLOW_DIR / "production-scale.yml"
+    wf = load_workflow(path)
     assert "schedule" in wf["on"] and "workflow_dispatch" in wf["on"]
     assert wf["jobs"]["prod35-full"]["runs-on"] == RUNNER_LABELS
-    checks = [a for _j, _l, a in workflow_commands(WORKFLOW_DIR / "production-scale.yml") if has_prefix(a, "epmci", "check")]
+    checks = [a for _j, _l, a in workflow_commands(path) if has_prefix(a, "epmci", "check")]
     assert len(checks) == 1 and checks[0][checks[0].index("--model") + 1] == "prod35-full"
     argv = checks[0]
     sets = [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]
-    cfg = load_config(ROOT / "epmci.yaml", parse_set(sets))
-    g = G.load(*(ROOT / "golden" / argv[argv.index("--profile") + 1]).glob("prod35-full-seed0-gen*.yaml"))
-    assert g.settings["ram_budget_mb"] == cfg.perf.ram_budget_mb
-    assert g.settings["golden_rows"] == cfg.perf.golden_rows
+    baselines = sorted((ROOT / "golden" / argv[argv.index("--profile") + 1]).glob("prod35-full-seed0-gen*.yaml"))
+    assert len(baselines) == 1, baselines
+    assert G.load(baselines[0]).settings == perf_settings(load_config(ROOT / "epmci.yaml", parse_set(sets)))
 
 
 def test_check_failures_fail_the_job(gate_wf):

@@ -316,7 +316,8 @@ def _side_file(d: dict, p: Path):
     except OSError:
         raise InputError(p, f"logits side file {name} is missing") from None
     if hashlib.sha256(data).hexdigest() != sha:
-        raise InputError(side, f"does not match the sha256 recorded in {p.name} (corrupt or stale)")
+        # the YAML holds the digest, so it is named first; either file may be the damaged one
+        raise InputError(p, f"logits.sha256 does not match its side file {name} (one of them is corrupt or stale)")
     return name, unpack_side(data, side)
 
 
