@@ -2,6 +2,7 @@
 """The paced perf gate's error rates from recorded process pairs (epmci/perf/calibration.py).
 
     python bench/pairs.py record --conditions unchanged,slow3,slow5,io5 [--busy] [--pairs 40]
+                                 [--model M] [--set KEY=VALUE ...]
                                  [--max-minutes 25] [--out docs/perf-data/pairs] [--resume]
     python bench/pairs.py analyse [--out docs/perf-data/pairs] [--decisions 4000]
 
@@ -9,7 +10,11 @@ record: process pairs of `epmci check --perf-base` (epmci.perf.paced.run_pair, t
 suite's baseline scenario, perf.base_steps decode steps after perf.base_warmup_steps), base =
 the bundled engine, head = the bundled engine (`unchanged`) or a copy made slower
 (bench/perf_gate_calibration.py's heads: `slowX` X % more compute, `ioX` delayed reads; on
-the paged ci scenario). Conditions are interleaved pair by pair. `--busy` runs one CPU hog
+the paged ci scenario). Conditions are interleaved pair by pair. `--set` takes epmci.yaml
+settings as `epmci check --set` does (the production-size model's, say). Before the first
+pair the gate's own step 1 (epmci.perf.paced.operating_point) probes the engine twice and
+picks the run: the scenario's, or one reduced arena for both sides when two engines do not
+fit the memory (run it inside the runner's memory cap); every pair records its arena. `--busy` runs one CPU hog
 beside the pairs (a shared runner). Every pair is appended to OUT/<condition>[-busy].jsonl
 as it finishes -- its every step's wall and CPU time, the load, the time -- so a stopped run
 keeps what it measured and `--resume` continues to --pairs per condition. --max-minutes
@@ -43,14 +48,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from perf_gate_calibration import declared, heads  # noqa: E402
 
 from epmci.compare.stats import hodges_lehmann  # noqa: E402
-from epmci.config import load_config  # noqa: E402
+from epmci.config import load_config, parse_set  # noqa: E402
 from epmci.config.experiments import EXPERIMENTS  # noqa: E402
 from epmci.contract.process import EngineCommand  # noqa: E402
 from epmci.gguf.facts import ModelFacts  # noqa: E402
 from epmci.gguf.file import ModelFile  # noqa: E402
 from epmci.perf.abba import Side  # noqa: E402
 from epmci.perf.calibration import drift, replay  # noqa: E402
-from epmci.perf.paced import PairFailed, paced_spec, run_pair  # noqa: E402
+from epmci.contract.memory import min_arena_mib  # noqa: E402
+from epmci.errors import InputError  # noqa: E402
+from epmci.perf.machine import available_memory_mib  # noqa: E402
+from epmci.perf.paced import PacedResult, PairFailed, Unpaceable, operating_point, paced_spec, run_pair  # noqa: E402
 from epmci.synth.store import resolve_model  # noqa: E402
 
 HOG = "while True: pass"
@@ -86,7 +94,10 @@ def pair_value(rec: dict, kind: str = "wall") -> float:
 
 
 def record(a) -> int:
-    cfg = load_config(None)
+    try:
+        cfg = load_config(None, parse_set(a.set))
+    except InputError as e:
+        die(str(e))
     pc = cfg.perf
     model = resolve_model(a.model)
     facts = ModelFacts.of(ModelFile(model), cfg.run.slot_align, cfg.run.slot_windows)
@@ -111,6 +122,13 @@ def record(a) -> int:
             engines = {n: declared(e, cfg.engine.timeout_s)
                        for n, e in heads(tmp, sorted(set(conditions)), a.io_delay_ms / 1e3, a.io_every).items()}
             base = Side("base", declared(EngineCommand.from_setting(None), cfg.engine.timeout_s))
+            point = PacedResult()
+            try:
+                spec = operating_point(Side("head", base.engine), base, model, spec, tmp / "probes",
+                                       cfg.engine.timeout_s, point, min_arena_mb=min_arena_mib(spec, facts),
+                                       available=available_memory_mib, say=print)
+            except (Unpaceable, PairFailed) as e:
+                die(f"cannot pace two engines here: {e}")
             for i, c in enumerate(todo):
                 if time.monotonic() > deadline:
                     print(f"[pairs] --max-minutes {a.max_minutes} reached: {len(todo) - i} pairs left for --resume")
@@ -125,7 +143,9 @@ def record(a) -> int:
                        "base_wall": p.base_wall, "head_wall": p.head_wall, "base_cpu": p.base_cpu,
                        "head_cpu": p.head_cpu, "cpus": p.cpus, "other_cpu_pct": p.other_cpu_pct,
                        "load_start": load0, "load_end": os.getloadavg()[0], "seconds": round(time.time() - t0, 2),
-                       "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+                       "finished": time.strftime("%Y-%m-%d %H:%M:%S"), "model": model.name,
+                       "arena_mb": spec.arena_mb, "reduced_arena": point.reduced_arena,
+                       "settings": a.set,
                        **({"io_delay_ms": a.io_delay_ms, "io_every": a.io_every} if c.startswith("io") else {})}
                 with open(recording_path(out, c, a.busy), "a", encoding="utf-8") as f:
                     f.write(json.dumps(rec) + "\n")
@@ -174,6 +194,8 @@ def main() -> int:
     r.add_argument("--pairs", type=int, default=40, help="pairs per condition in the recording")
     r.add_argument("--max-minutes", type=float, default=25.0)
     r.add_argument("--model", default="ci")
+    r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="an epmci.yaml setting, as `epmci check --set` (repeatable)")
     # ~5 % slower on the ci model here (0.1 ms on every 6th read; any sleep costs a trip through
     # the run queue, so the realized slowdown is measured, not assumed: analyse prints it)
     r.add_argument("--io-delay-ms", type=float, default=0.1)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import epmci.perf.paced as paced_mod
 from epmci.synth.store import make_model
 
 
@@ -54,3 +55,23 @@ def tiny35_model():
 @pytest.fixture(scope="session")
 def ci35_model():
     return make_model("ci35")
+
+
+@pytest.fixture
+def synthetic_peaks(monkeypatch):
+    """Synthetic memory figures for the paced comparison: its probes run for real but report
+    peak RSS = `fake.resident` (1000 MiB) + the arena the engine reported (with `fake.shrinks = False`, the
+    first probe's arena: an engine whose memory does not follow --arena-mb). Yields (the fake
+    probe, the arenas the probes reported, in order)."""
+    seen: list[float] = []
+    real = paced_mod.probe
+
+    def fake(side, model, spec, workdir, timeout):
+        m = real(side, model, spec, workdir, timeout)
+        a = float(m.decode("arena_mb"))
+        seen.append(a)
+        m.peak_rss_mb = fake.resident + (a if fake.shrinks else seen[0])
+        return m
+    fake.shrinks, fake.resident = True, 1000.0
+    monkeypatch.setattr(paced_mod, "probe", fake)
+    return fake, seen

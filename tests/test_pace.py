@@ -8,7 +8,11 @@
   than its round trip, or exits mid-run fails closed with the reason and is killed; one that
   rejects the flag with exit 2 is told apart (PaceUnsupported);
 - run_paced falls back (Unpaceable) when the head does not declare pacing, an engine does not
-  take the flag or two engines do not fit the memory, and a failed pair is a failure with the side and the reason.
+  take the flag or two engines do not fit the memory even at the minimum arena, and a failed
+  pair is a failure with the side and the reason;
+- two engines that do not fit at the scenario's arena run paced at one reduced arena that fits
+  (synthetic memory figures: the probes' peak RSS rewritten as a fixed resident part plus the
+  arena the engine reported).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -29,7 +34,13 @@ from epmci.contract.runspec import RunSpec
 from epmci.perf.abba import Side
 from epmci.perf.measure import measure
 from engine.contract_info import FEATURES
-from epmci.perf.paced import PairFailed, Unpaceable, fits_two, paced_spec, run_pair, run_paced
+from epmci.config import load_config
+from epmci.contract.memory import min_arena_mib
+from epmci.gguf.facts import ModelFacts
+from epmci.gguf.file import ModelFile
+from epmci.perf.measure import Measurement
+from epmci.perf.paced import (MEMORY_MARGIN, PairFailed, Unpaceable, fits_two, paced_spec, run_pair, run_paced,
+                              shared_arena)
 
 pytestmark = pytest.mark.usefixtures("built_engine")
 
@@ -247,6 +258,71 @@ def test_two_engines_that_do_not_fit_the_memory_fall_back(tiny_model, tmp_path):
     assert ok and "need 1035 MiB" in what
     assert not fits_two({"base": 400.0, "head": 500.0}, 1000.0)[0]
     assert fits_two({"base": 400.0, "head": 500.0}, None)[0]     # unknown: try (a failed run fails closed)
+
+
+def probe_figures(peak: float, arena: float) -> Measurement:
+    return Measurement("probe", True, stats={"decode": {"arena_mb": arena}}, peak_rss_mb=peak)
+
+
+def test_shared_arena_splits_what_is_left_after_the_resident_parts():
+    """prod35-full on the 8 GB runner: two engines at the scenario's arena (peak RSS 3452 MiB,
+    arena 1106 MiB each) do not fit 7600 MiB; at the arena shared_arena picks they do."""
+    probes = {k: probe_figures(3452.3, 1105.57) for k in ("base", "head")}
+    assert not fits_two({k: 3452.3 for k in probes}, 7600.0)[0]
+    arena, what = shared_arena(probes, 7600.0, min_arena_mb=136.0)
+    assert arena is not None and 136.0 <= arena < 1105.57, what
+    assert fits_two({k: 3452.3 - 1105.57 + arena for k in probes}, 7600.0)[0]
+    assert "leaves" in what and "base 2347 + head 2347 MiB" in what
+    # the minimum arena does not fit: no arena, and the reason names the minimum
+    arena, what = shared_arena(probes, 5500.0, min_arena_mb=136.0)
+    assert arena is None and "below the minimum arena 136.0 MiB" in what
+    # an engine without an arena to shrink (no pager stats)
+    arena, what = shared_arena({"base": probes["base"], "head": probe_figures(3452.3, 0.0)}, 7600.0, 136.0)
+    assert arena is None and "the head engine reported no arena" in what
+
+
+def tiny_min_arena(model, spec: RunSpec) -> float:
+    cfg = load_config(None)
+    return min_arena_mib(spec, ModelFacts.of(ModelFile(model), cfg.run.slot_align, cfg.run.slot_windows))
+
+
+def test_two_engines_that_do_not_fit_run_paced_at_one_reduced_arena(tiny_model, tmp_path, synthetic_peaks):
+    fake, seen = synthetic_peaks
+    spec = replace(SPEC, arena_mb=3.5)
+    # both at the scenario's arena need (2 x fake.resident + 2 x 3.5) x margin: give 2 MiB of arena less
+    have = (2 * fake.resident + 2 * 3.5 - 2.0) * (1 + MEMORY_MARGIN)
+    lowest = tiny_min_arena(tiny_model, spec)
+    res = run_paced(Side("head", BUNDLED), Side("base", BUNDLED), tiny_model, paced_spec(spec, 1, 4), tmp_path,
+                    pairs=2, max_pairs=2, step_pairs=1, warmup=1, alpha=0.01, floor=0.02, min_effect=0.05,
+                    timeout=60, seed=1, min_arena_mb=lowest, available=lambda: have)
+    assert res.failure is None and res.comparison is not None, res.failure
+    arena = res.memory["arena_mb"]
+    assert lowest <= arena < 3.5 and res.memory["fits"] is False and res.memory["fits_reduced"] is True
+    assert len(seen) == 4 and all(a <= arena for a in seen[2:])            # probed again at the reduced arena
+    assert "same reduced operating point" in res.reduced_arena and f"--arena-mb {arena:g}" in res.reduced_arena
+    for p in res.pairs:                                                    # every pair ran at it, both sides
+        assert p.base.decode("arena_mb") == p.head.decode("arena_mb") <= arena
+
+
+@pytest.mark.parametrize("case", ["below minimum", "does not shrink", "no minimum given"])
+def test_two_engines_that_do_not_fit_even_reduced_fall_back(tiny_model, tmp_path, synthetic_peaks, case):
+    fake, _ = synthetic_peaks
+    spec = replace(SPEC, arena_mb=3.5)
+    lowest = tiny_min_arena(tiny_model, spec)
+    have = (2 * fake.resident + 2 * 3.5 - 2.0) * (1 + MEMORY_MARGIN)
+    if case == "below minimum":
+        have = (2 * fake.resident + lowest) * (1 + MEMORY_MARGIN)
+        why = "nor at a reduced arena: .* below the minimum arena"
+    elif case == "does not shrink":       # an engine whose memory does not follow --arena-mb
+        fake.shrinks = False
+        why = "nor at a reduced arena of [0-9.]+ MiB per engine: both engines at once need"
+    else:
+        lowest, why = None, "nor at a reduced arena: no arena to shrink"
+    with pytest.raises(Unpaceable, match=f"two engines do not fit the memory at once: .*{why}"):
+        run_paced(Side("head", BUNDLED), Side("base", BUNDLED), tiny_model, paced_spec(spec, 1, 4), tmp_path,
+                  pairs=2, max_pairs=2, step_pairs=1, warmup=1, alpha=0.01, floor=0.02, min_effect=0.05,
+                  timeout=60, seed=1, min_arena_mb=lowest, available=lambda: have)
+    assert not [d for d in tmp_path.rglob("pair-*")]                       # no pair ran
 
 
 def test_a_pair_that_fails_midway_names_the_side_and_kills_both(tiny_model, tmp_path):

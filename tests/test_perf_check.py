@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+import epmci.perf.paced as paced_mod
 from epmci.cli import main as epmci_main
 from epmci.gguf.identity import model_identity
 from epmci.perf.golden import dump_yaml
@@ -482,6 +483,28 @@ def test_perf_base_paces_a_git_ref_in_a_worktree(tmp_path, tiny_model, built_eng
     assert "p50/p95/p99" in lat["message"]
     assert _git(repo, "worktree", "list").count("\n") == 0       # the worktree is gone
     assert res["baseline: counters"]["status"] == "skip"        # no golden for this profile: visible skips
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_perf_base_paces_two_engines_that_only_fit_at_a_reduced_arena(tmp_path, tiny_model, built_engine,
+                                                                      synthetic_peaks, monkeypatch):
+    """The production-size case on synthetic memory figures: two engines at the scenario's
+    arena do not fit, at a smaller arena they do -- the comparison stays paced (and still sees
+    the slow base), both sides at that arena, and the verdict says so."""
+    fake, seen = synthetic_peaks
+    # both at the arena the probes first reported need 1 MiB more than there is
+    monkeypatch.setattr(paced_mod, "available_memory_mib",
+                        lambda: (2 * fake.resident + 2 * seen[0] - 1.0) * (1 + paced_mod.MEMORY_MARGIN))
+    repo, sha = slow_base_repo(tmp_path)
+    rc, res = perf_base_check(tmp_path, tiny_model, repo, sha, "--set", "perf.arena_fraction=1.0")
+    b = res[f"baseline: decode tok/s vs base {sha}"]
+    assert rc == 0, b
+    p = b["properties"]
+    assert p["mode"] == "paced" and p["verdict"] == "DIFFERENT" and p["ratio"] > 1.3, b["message"]
+    m = p["memory"]
+    assert m["fits"] is False and m["fits_reduced"] is True and m["arena_mb"] < seen[0]
+    assert "same reduced operating point" in p["reduced_arena"] and p["reduced_arena"] in b["message"]
+    assert f"--arena-mb {m['arena_mb']:g}" in b["message"]
 
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs git")

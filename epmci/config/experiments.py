@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from ..contract.runspec import RunSpec
 from ..errors import InputError
 from ..gguf.facts import ModelFacts
-from ..contract.memory import arena_room_mib
+from ..contract.memory import arena_room_mib, min_arena_mib
 from ..units import MiB, arena_mib
 
 ROUTING_PROFILE = "{routing_profile}"   # env placeholder: a --profile-out file of a baseline run
@@ -52,12 +52,11 @@ class Experiment:
                        threads=int(a["threads"]), arena_mb=arena_mb, ram_budget_mb=a.get("ram_budget_mb"),
                        prefetch=not a.get("no_prefetch", False), env=env)
         if arena_mb is None and a.get("arena_fraction") is not None:
-            uniform = env.get("SDQ_FORCE_UNIFORM_SLOT") == "1"
             want = int(a["arena_fraction"] * facts.total_expert_bytes())
             room = arena_room_mib(spec.ram_budget_mb, spec, facts)   # the fraction gives way to the budget
             if room is not None:
                 want = min(want, int(room * MiB))
-            spec.arena_mb = arena_mib(max(want, facts.min_arena_bytes(batch, uniform)))
+            spec.arena_mb = max(arena_mib(want), min_arena_mib(spec, facts))
         return spec
 
     @property

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from ..gguf.facts import ModelFacts
-from ..units import MiB
+from ..units import MiB, arena_mib
 from .runspec import RunSpec
 
 # Interpreter, NumPy, numba and its compiled kernels: the bundled engine's RSS before any
@@ -33,6 +33,12 @@ def fixed_need_mib(spec: RunSpec, facts: ModelFacts) -> float:
     logits = 2 * spec.ctx * facts.n_vocab * 4 if spec.dump_logits else 0
     runtime = RUNTIME_MIB * MiB + RUNTIME_PER_TOKEN * facts.n_vocab
     return (facts.file_bytes - facts.total_expert_bytes() + logits + runtime) / MiB
+
+
+def min_arena_mib(spec: RunSpec, facts: ModelFacts) -> float:
+    """The smallest --arena-mb the engine must take for `spec`'s batch and slot layout."""
+    uniform = spec.env.get("SDQ_FORCE_UNIFORM_SLOT") == "1"
+    return arena_mib(facts.min_arena_bytes(spec.batch, uniform))
 
 
 def run_need_mib(spec: RunSpec, facts: ModelFacts) -> float:

@@ -11,8 +11,12 @@ routing, same reads) are compared.
    decode steps. It warms numba's cache (a base with other numba sources compiles here),
    proves the engine speaks the protocol (an engine that rejects --pace-fds with exit 2
    while the same run without it works: fall back to ABBA) and measures its peak RSS: both
-   engines must fit the available memory at once, else fall back to ABBA
-   (epmci.perf.machine.available_memory_mib).
+   engines must fit the available memory at once (epmci.perf.machine.available_memory_mib).
+   When they do not -- a production-size model on an 8 GB runner -- and the pager lets the
+   arena shrink, both sides run at one reduced arena that fits (shared_arena: the probes'
+   peak RSS less the arena each reported, the rest split evenly), probed again there; the
+   comparison is then of both engines at that same reduced operating point, and the report
+   says so. Only when even the minimum arena does not fit: fall back to ABBA.
 2. Process pairs: fresh processes started in a random order, the model's page cache dropped
    first, PYTHONHASHSEED fixed; both prefill, then `warmup` + `steps` step pairs. A pair's
    sample is the Hodges-Lehmann estimate of its per-step log tok/s ratios head/base after the
@@ -37,6 +41,7 @@ from typing import Callable
 import numpy as np
 
 from ..compare.stats import UNKNOWN, Comparison, compare_paced, hodges_lehmann, per_look_alpha
+from ..contract.memory import ROOM_SHARE
 from ..contract.pace import PacedEngine, PaceError, PaceUnsupported
 from ..contract.process import EngineRun, drop_page_cache
 from ..contract.runspec import RunSpec
@@ -99,6 +104,7 @@ class PacedResult:
     pairs: list[ProcessPair] = field(default_factory=list)
     probes: dict[str, Measurement] = field(default_factory=dict)
     memory: dict = field(default_factory=dict)   # peaks and available MiB behind the two-engine check
+    reduced_arena: str = ""                # why both sides ran at memory["arena_mb"] ("": the scenario's arena)
     seed: int = 0
     alpha: float = 0.0                     # per look
     failure: PairFailed | None = None
@@ -251,6 +257,28 @@ def fits_two(peaks_mib: dict[str, float], available: float | None) -> tuple[bool
     return (available is None or need <= available), what
 
 
+def shared_arena(probes: dict[str, Measurement], available: float,
+                 min_arena_mb: float) -> tuple[float | None, str]:
+    """(the arena in MiB, both engines alike, at which both fit `available` at once; why),
+    None when none of at least `min_arena_mb` does. What is not arena in each probe's peak RSS
+    (resident weights, KV, buffers, runtime) stays; the rest, less MEMORY_MARGIN, is split
+    evenly between the two arenas."""
+    rest = {}
+    for k, m in probes.items():
+        arena = float(m.decode("arena_mb", 0.0) or 0.0)
+        if arena <= 0:
+            return None, f"the {k} engine reported no arena (its stats' arena_mb) to shrink"
+        rest[k] = max(0.0, m.peak_rss_mb - arena)
+    # ROOM_SHARE: a little under what the margin leaves, so the probes again at that arena fit
+    room = ROOM_SHARE * (available / (1.0 + MEMORY_MARGIN) - sum(rest.values()))
+    per_engine = math.floor(max(room, 0.0) / 2 * 1000) / 1000
+    what = (f"{available:.0f} MiB available, less {MEMORY_MARGIN:.0%} and what is not arena (base "
+            f"{rest['base']:.0f} + head {rest['head']:.0f} MiB), leaves {per_engine:g} MiB of arena per engine")
+    if per_engine < min_arena_mb:
+        return None, f"{what}, below the minimum arena {min_arena_mb:.1f} MiB"
+    return float(per_engine), what
+
+
 def look_sizes(pairs: int, step_pairs: int, max_pairs: int) -> list[int]:
     """The numbers of process pairs at which a paced decision looks: `pairs`, then every
     `step_pairs` more while UNKNOWN, up to `max_pairs` (per_look_alpha splits alpha over them)."""
@@ -275,13 +303,64 @@ def sequential_verdict(samples: list[float], *, pairs: int, step_pairs: int, max
     return c, n
 
 
+def _probe_both(head: Side, base: Side, model, spec: RunSpec, workdir: Path, timeout: float,
+                res: PacedResult) -> None:
+    """Probe base and head (step 1 of the module doc) into res.probes; raises Unpaceable when
+    one does not take --pace-fds."""
+    # the base's features are its tree's, undeclared here: its probe finds out
+    for side in (base, head):
+        try:
+            res.probes[side.label] = probe(side, model, spec, workdir, timeout)
+        except PaceUnsupported as e:
+            # exit 2 can also be a setting the engine refuses: only when the same run
+            # without --pace-fds works was it the flag
+            m = measure(side.engine, model, spec, workdir / f"{side.label}-unpaced", timeout=timeout,
+                        cwd=side.cwd, env=side.run_env(), label=f"{side.label} probe without --pace-fds")
+            if not m.ok:
+                raise PairFailed(side.label, "probe without --pace-fds", m.failure or "failed", m.run) from None
+            raise Unpaceable(f"the {side.label} engine does not take --pace-fds ({e.reason}; the same "
+                             f"run without it works)") from None
+
+
+def operating_point(head: Side, base: Side, model, spec: RunSpec, workdir: Path, timeout: float,
+                    res: PacedResult, *, min_arena_mb: float | None,
+                    available: Callable[[], float | None], say: Callable[[str], None]) -> RunSpec:
+    """Step 1 of the module doc: probe both sides (into res.probes, res.memory) and return the
+    run both engines are compared at -- `spec`, or `spec` at one reduced arena when two do not
+    fit at its own (res.reduced_arena says why). Raises Unpaceable when neither fits."""
+    _probe_both(head, base, model, spec, workdir, timeout, res)
+    have = available()
+    ok, what = fits_two({k: m.peak_rss_mb for k, m in res.probes.items()}, have)
+    res.memory = {"peak_rss_mb": {k: m.peak_rss_mb for k, m in res.probes.items()}, "available_mb": have, "fits": ok}
+    say(f"[perf-base] paced: {what}")
+    if ok:
+        return spec
+    arena, why = (shared_arena(res.probes, have, min_arena_mb) if min_arena_mb is not None
+                  and head.engine.has("pager") and spec.pager else (None, "no arena to shrink"))
+    if arena is None:
+        raise Unpaceable(f"two engines do not fit the memory at once: {what}; nor at a reduced arena: {why}")
+    spec = replace(spec, arena_mb=arena)
+    _probe_both(head, base, model, spec, workdir / "reduced", timeout, res)
+    ok, what2 = fits_two({k: m.peak_rss_mb for k, m in res.probes.items()}, available())
+    res.memory.update(arena_mb=arena, reduced_peak_rss_mb={k: m.peak_rss_mb for k, m in res.probes.items()},
+                      fits_reduced=ok)
+    say(f"[perf-base] paced at a reduced arena of {arena:g} MiB per engine: {what2}")
+    if not ok:
+        raise Unpaceable(f"two engines do not fit the memory at once: {what}; nor at a reduced arena of "
+                         f"{arena:g} MiB per engine: {what2}")
+    res.reduced_arena = (f"two engines at the scenario's arena do not fit ({what}); {why}: both sides "
+                         f"ran at --arena-mb {arena:g}, the same reduced operating point")
+    return spec
+
+
 def run_paced(head: Side, base: Side, model, spec: RunSpec, workdir: Path, *, pairs: int, max_pairs: int,
               step_pairs: int, warmup: int, alpha: float, floor: float, min_effect: float, timeout: float,
-              seed: int | None = None, probe_first: bool = True,
-              available: Callable[[], float | None] = available_memory_mib,
+              seed: int | None = None, min_arena_mb: float | None = None,
+              available: Callable[[], float | None] | None = None,
               progress: Callable[[str], None] | None = None) -> PacedResult:
     """Steps 1-3 of the module doc. Raises Unpaceable (fall back to ABBA) before any pair ran;
-    a failed run is `failure` of the result."""
+    a failed run is `failure` of the result. `min_arena_mb`: the smallest arena the engines
+    take for `spec` (contract.memory.min_arena_mib); None: never run at a reduced arena."""
     say = progress or (lambda s: None)
     res = PacedResult(seed=secrets.randbits(32) if seed is None else seed,
                       alpha=per_look_alpha(alpha, pairs, max_pairs, step_pairs))
@@ -290,26 +369,8 @@ def run_paced(head: Side, base: Side, model, spec: RunSpec, workdir: Path, *, pa
     if not head.engine.has("pacing"):
         raise Unpaceable("the head engine does not declare the contract feature pacing (--pace-fds)")
     try:
-        if probe_first:
-            # the base's features are its tree's, undeclared here: its probe finds out
-            for side in (base, head):
-                try:
-                    res.probes[side.label] = probe(side, model, spec, workdir, timeout)
-                except PaceUnsupported as e:
-                    # exit 2 can also be a setting the engine refuses: only when the same run
-                    # without --pace-fds works was it the flag
-                    m = measure(side.engine, model, spec, workdir / f"{side.label}-unpaced", timeout=timeout,
-                                cwd=side.cwd, env=side.run_env(), label=f"{side.label} probe without --pace-fds")
-                    if not m.ok:
-                        raise PairFailed(side.label, "probe without --pace-fds", m.failure or "failed", m.run) from None
-                    raise Unpaceable(f"the {side.label} engine does not take --pace-fds ({e.reason}; the same "
-                                     f"run without it works)") from None
-            peaks = {k: m.peak_rss_mb for k, m in res.probes.items()}
-            ok, what = fits_two(peaks, available())
-            res.memory = {"peak_rss_mb": peaks, "available_mb": available(), "fits": ok}
-            say(f"[perf-base] paced: {what}")
-            if not ok:
-                raise Unpaceable(f"two engines do not fit the memory at once: {what}")
+        spec = operating_point(head, base, model, spec, workdir, timeout, res, min_arena_mb=min_arena_mb,
+                               available=available or available_memory_mib, say=say)
         looks = look_sizes(pairs, step_pairs, max_pairs)
         want = looks.pop(0)
         while True:

@@ -27,7 +27,8 @@ exclusive: they start after every other check finished and run one at a time (wi
   interleaved (epmci.perf.paced; a one-sided t test on the process pairs' robust per-step
   log-ratios, CPU time beside it); whole-run ABBA of perf.abba_n_predict tokens instead
   (epmci.perf.abba) when an engine does not take --pace-fds, two engines do not fit the
-  memory, or perf.base_mode is abba -- the verdict says which and why.
+  memory even at one reduced arena each (they run paced there when they do), or
+  perf.base_mode is abba -- the verdict says which and why.
 - p99 inter-token latency vs base (--perf-base, paced only): p50/p95/p99 of each side's
   paced step times; fails above perf.p99_max_ratio times the base's.
 

@@ -1,7 +1,8 @@
 """The perf suite's comparison with the pull request's base (--perf-base REF): the engine of
 a git ref built in a worktree and measured in the same run as the head -- paced (both
-engines alive, decode steps interleaved, epmci.perf.paced) or, when an engine does not take
---pace-fds, two do not fit the memory, or perf.base_mode says so, whole-run ABBA
+engines alive, decode steps interleaved, epmci.perf.paced; both at one reduced arena when
+two do not fit the memory at the scenario's) or, when an engine does not take --pace-fds,
+two do not fit the memory even at the minimum arena, or perf.base_mode says so, whole-run ABBA
 (epmci.perf.abba); the verdict says which mode ran and why. Two results per scenario: decode
 tok/s and the p99 inter-token latency (paced only)."""
 
@@ -14,6 +15,7 @@ from dataclasses import replace
 
 from ...compare.counters import io_diagnosis
 from ...compare.stats import UNKNOWN, Comparison, cpu_diagnosis, latency_percentiles, tail_test
+from ...contract.memory import min_arena_mib
 from ...perf.abba import ABABResult, Side, Worktree, base_side, build_base, run_abab
 from ...perf.paced import PacedResult, Unpaceable, paced_spec, run_paced
 from ...perf.plan import PerfPlan
@@ -59,7 +61,8 @@ def versus_base(ctx: CheckContext, plan: PerfPlan, scen: str, names: list[str]) 
                     res = run_paced(head, base, ctx.model_path, paced_spec(spec, pc.base_warmup_steps, pc.base_steps),
                                     ctx.dir(f"perf-base-{scen}"), pairs=pc.base_pairs, max_pairs=pc.base_max_pairs,
                                     step_pairs=pc.base_more_pairs, warmup=pc.base_warmup_steps, alpha=pc.base_alpha,
-                                    floor=pc.base_floor, min_effect=pc.min_effect, timeout=timeout)
+                                    floor=pc.base_floor, min_effect=pc.min_effect, timeout=timeout,
+                                    min_arena_mb=min_arena_mib(spec, ctx.facts))
                     return _paced_verdicts(ctx, plan, names, res, props)
                 except Unpaceable as e:
                     fallback = str(e)
@@ -76,6 +79,8 @@ def _paced_verdicts(ctx, plan, names, res: PacedResult, props: dict) -> list[Che
     props.update(mode="paced", steps=pc.base_steps, warmup_steps=pc.base_warmup_steps, seed=res.seed,
                  alpha=pc.base_alpha, alpha_per_look=round(res.alpha, 6), min_effect=pc.min_effect,
                  floor=pc.base_floor, memory=res.memory)
+    if res.reduced_arena:
+        props["reduced_arena"] = res.reduced_arena
     if res.failure:
         run = res.failure.run
         return [CheckResult(NAME, n, FAIL, f"--perf-base (paced): {res.failure}", dict(props), res.seconds,
@@ -100,6 +105,8 @@ def _paced_verdicts(ctx, plan, names, res: PacedResult, props: dict) -> list[Che
             f"{c.verdict}")
     if busy and statistics.median(busy) >= BUSY_WARN_PCT:
         what += f" -- other processes used a median {statistics.median(busy):.0f}% of the CPU meanwhile"
+    if res.reduced_arena:
+        what += f"; {res.reduced_arena}"
     if not same_out:
         what += "; note: head and base outputs differ"
     tok = _tok_s_result(ctx, names[0], c, what, props, res.seconds, first.base.stats, first.head.stats,
