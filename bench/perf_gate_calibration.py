@@ -71,9 +71,9 @@ import sys, time
 import engine.cli, engine.runtime as R
 SLOW = {factor!r}          # extra decode work, relative to the CPU time of the decode step itself
 _eval = R.Engine.eval
-def eval(self, tokens, phase="prefill"):
+def eval(self, tokens, phase="prefill", *args, **kw):
     c0 = time.process_time()
-    out = _eval(self, tokens, phase)
+    out = _eval(self, tokens, phase, *args, **kw)
     if phase == "decode":
         t1 = time.perf_counter()
         end = time.process_time() + (time.process_time() - c0) * SLOW
