@@ -50,6 +50,7 @@ from epmci.contract.bundled import ARGV as BUNDLED_ARGV  # noqa: E402
 from epmci.contract.outputs import read_stats  # noqa: E402
 from epmci.contract.process import drop_page_cache  # noqa: E402
 from epmci.contract.runspec import STATS_FILE, RunSpec  # noqa: E402
+from epmci.perf.speed import disk_mib_s  # noqa: E402
 
 ENGINE_CTX = 512        # the engine's default context: the prompt and -n fit
 PROMPT = "Write a short paragraph about how mixture-of-experts models route tokens."
@@ -148,53 +149,6 @@ def engine_run(cap, model, a, row: Row, arena_mb: int | None) -> dict:
                 "prefetch_issued": dec["prefetch_issued"], "prefetch_used": dec["prefetch_used"],
                 "io_wait_s": dec["io_wait_s"], "io_wait_pct": 100 * dec["io_wait_s"] / max(dec["seconds"], 1e-9),
                 "arena_mb": dec["arena_mb"], "io_direct_pct": dec.get("io_direct_pct"), **cap.stats()}
-
-
-def disk_limit(model: str, threads: int, n_reads: int = 256, seed: int = 0) -> dict:
-    """The disk's throughput for the engine's reads: n_reads random experts' parts, each
-    its 4096-aligned window read with O_DIRECT (buffered where the file system refuses),
-    from `threads` threads, page cache dropped first."""
-    import mmap
-    import random
-    import threading
-    import time
-    from epmci.gguf.file import EXPERT_PARTS, ModelFile
-    mf = ModelFile(model)
-    rng = random.Random(seed)
-    windows = []
-    for _ in range(n_reads):
-        layer, expert = rng.randrange(mf.hp.n_layer), rng.randrange(mf.hp.n_expert)
-        for part in EXPERT_PARTS:
-            r = mf.expert_range(layer, expert, part)
-            lo, hi = r.offset // 4096 * 4096, -(-(r.offset + r.n_bytes) // 4096) * 4096
-            windows.append((lo, min(hi - lo, (os.path.getsize(model) - lo) // 4096 * 4096)))
-    drop_page_cache(model)
-    try:
-        fd, direct = os.open(model, os.O_RDONLY | os.O_DIRECT), True
-    except OSError:
-        fd, direct = os.open(model, os.O_RDONLY), False
-    todo = list(windows)
-    lock = threading.Lock()
-
-    def reader():
-        buf = mmap.mmap(-1, max(n for _, n in windows))   # page-aligned, as O_DIRECT needs
-        while True:
-            with lock:
-                if not todo:
-                    return
-                off, n = todo.pop()
-            os.preadv(fd, [memoryview(buf)[:n]], off)
-    pool = [threading.Thread(target=reader) for _ in range(max(1, threads))]
-    t0 = time.perf_counter()
-    for t in pool:
-        t.start()
-    for t in pool:
-        t.join()
-    seconds = time.perf_counter() - t0
-    os.close(fd)
-    total = sum(n for _, n in windows)
-    return {"mb_per_s": total / 2**20 / seconds, "read_bytes": total, "reads": len(windows),
-            "expert_bytes": mf.expert_bytes(0), "threads": threads, "o_direct": direct}
 
 
 def write_json(path: str, data: dict) -> None:
@@ -323,7 +277,7 @@ def main() -> int:
             for name, (resident, repack) in (llamas.items() if have_llama else ()):
                 runs[name].append(llama_run(cgroup_for(resident), a.model, a, repack))
                 print(f"[{i + 1}/{a.repeat}] {name} {runs[name][-1]}", file=sys.stderr)
-            disks.append(disk_limit(a.model, a.io_threads, seed=i))   # the disk varies too: in every round
+            disks.append(disk_mib_s(a.model, a.io_threads, n_reads=256, seed=i))   # the disk varies too: in every round
             print(f"[{i + 1}/{a.repeat}] disk {disks[-1]['mb_per_s']:.0f} MiB/s", file=sys.stderr)
     finally:
         drop_page_cache(a.model)   # the resident cgroup holds the file's pages until they go

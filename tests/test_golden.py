@@ -101,6 +101,8 @@ def _mutate(path: Path, fn) -> None:
     ("type", "first_tokens: expected list"),
     ("side missing", "side file"),
     ("side tampered", "does not match its side file"),
+    ("machine speed", "timing.machine_speed: expected positive cpu_ms and disk_mib_s"),
+    ("read-wait share", "timing.io_wait_share: expected a number from 0 to 1"),
 ])
 def test_bad_golden_is_an_input_error(tmp_path, case, problem):
     path = G.write(sample_golden(), tmp_path / "g.yaml")
@@ -116,6 +118,10 @@ def test_bad_golden_is_an_input_error(tmp_path, case, problem):
         _mutate(path, lambda d: d["scenarios"]["baseline"]["prompts"][0].update(first_tokens="x"))
     elif case == "side missing":
         (tmp_path / G.load(path).logits_file).unlink()
+    elif case in ("machine speed", "read-wait share"):
+        bad = {"machine_speed": {"cpu_ms": 0, "disk_mib_s": 100.0}} if case == "machine speed" else {"io_wait_share": 1.5}
+        _mutate(path, lambda d: d["scenarios"]["baseline"].update(
+            timing={"metric": "decode tok/s", "samples": [1.0], "median": 1.0, **bad}))
     elif case == "side tampered":
         side = tmp_path / G.load(path).logits_file
         side.write_bytes(side.read_bytes()[:-1] + b"\0")

@@ -231,6 +231,7 @@ def test_tok_s_regression_fails_and_says_it_is_not_io(tmp_path, tiny_model, gold
     assert t["status"] == "fail"
     assert "tok/s regressed" in t["message"] and "DIFFERENT" in t["message"]
     assert "not I/O -- compute, or noise" in t["message"]
+    assert "golden records no machine speed" in t["message"]
     p = t["properties"]
     # 3 runs vs 5 can at best give p = 2/56, not below 0.05 split over the looks at 3, 5, 7 and 9
     # runs: the UNKNOWN buys two more runs, and 5 vs 5 decides
@@ -240,6 +241,30 @@ def test_tok_s_regression_fails_and_says_it_is_not_io(tmp_path, tiny_model, gold
     xml = junit.read_text()
     for key in ("baseline", "current", "ratio", "p_value", "verdict"):
         assert f'name="baseline: decode tok/s vs golden.{key}"' in xml, key
+
+
+@pytest.mark.parametrize("then,explained", [({"cpu_ms": 1e-6, "disk_mib_s": 1e12}, True),
+                                             ({"cpu_ms": 1e6, "disk_mib_s": 1e-3}, False)],
+                         ids=["machine-was-faster", "machine-was-slower"])
+def test_a_drop_the_machine_explains_is_inconclusive_not_a_regression(tmp_path, tiny_model, golden_dir, then,
+                                                                       explained):
+    """Golden timed 100x today's tok/s. Recorded on a machine whose CPU and disk were far faster
+    than this one's now, the drop is the machine's: inconclusive (perf.inconclusive), saying
+    so; recorded on a slower machine, it is the engine's: a failure naming the machine too."""
+    edit_golden(golden_dir, tiny_model, lambda d: d["scenarios"]["baseline"].update(
+        timing={**_timing([1e5, 1.01e5, 0.99e5, 1.02e5, 0.98e5]), "io_wait_share": 0.3, "machine_speed": then}))
+    rc, rep, _ = check(tmp_path, tiny_model, golden_dir, "--set", "perf.repeats=3", "--set", "perf.inconclusive=fail")
+    t = results(rep)["baseline: decode tok/s vs golden"]
+    p = t["properties"]
+    assert t["status"] == "fail" and rc == 1                # perf.inconclusive=fail: a visible non-pass either way
+    assert p["machine_explains"] is explained and p["machine_speed_then"] == then
+    assert p["machine_speed_now"]["cpu_ms"] > 0 and p["machine_speed_now"]["disk_mib_s"] > 0
+    assert "with 30 % of decode spent waiting for reads then" in t["message"]
+    if explained:
+        assert t["message"].startswith("tok/s below golden, but the machine is slower than when golden was timed")
+        assert "--perf-base" in t["message"]
+    else:
+        assert t["message"].startswith("tok/s regressed") and p["machine_factor"] > 1
 
 
 def test_busy_machine_is_named_in_the_timing_verdict_and_in_golden_show(tmp_path, tiny_model, golden_dir,
@@ -400,6 +425,10 @@ def test_golden_update_with_timing_on_a_busy_machine_warns_and_records_it(tmp_pa
     assert d["recorded"]["timing"] is True
     assert d["recorded"]["other_cpu_pct_max"] == 35.0      # the untimed prompt-2 run's 50 % is not a sample
     assert "timed while other processes used at most 35% of the CPU" in out.out
+    t = d["scenarios"]["baseline"]["timing"]                # the machine's speed beside the samples
+    assert t["machine_speed"]["cpu_ms"] > 0 and t["machine_speed"]["disk_mib_s"] > 0
+    assert 0 <= t["io_wait_share"] <= 1
+    assert "machine then: CPU workload" in out.out
 
 
 

@@ -12,7 +12,9 @@ name, version and contract, and the command; files recorded before engines decla
 themselves name only the command, in recorded.engine) -- another engine's runs are never
 compared with it; the machine fingerprint it was recorded on (epmci.machine); the
 measurement settings; and per scenario the decode tok/s samples and
-their median (null when recorded with --no-timing), peak RSS, and per prompt the exact
+their median (null when recorded with --no-timing) with the share of decode time spent
+waiting for reads and the machine's speed then (epmci.perf.speed; absent in files recorded
+before), peak RSS, and per prompt the exact
 counters of each phase and the correctness fingerprint (generated token ids, sha256 of the
 logits' float32 bytes and of the generated text). Plus the reason of this recording and a
 short history of earlier ones.
@@ -280,6 +282,14 @@ def _check_scenario(s, ctx: str, n_prompts: int, p: Path) -> None:
         if not samples or not all(isinstance(x, NUM) and not isinstance(x, bool) and x > 0 for x in samples):
             raise InputError(p, f"{ctx}timing.samples: expected a non-empty list of positive numbers")
         _need(timing, "median", NUM, p, ctx + "timing.")
+        share = timing.get("io_wait_share")
+        if share is not None and not (isinstance(share, NUM) and 0 <= share <= 1):
+            raise InputError(p, f"{ctx}timing.io_wait_share: expected a number from 0 to 1 or null")
+        speed = timing.get("machine_speed")
+        if speed is not None and not (isinstance(speed, dict) and all(
+                isinstance(speed.get(k), NUM) and not isinstance(speed.get(k), bool) and speed[k] > 0
+                for k in ("cpu_ms", "disk_mib_s"))):
+            raise InputError(p, f"{ctx}timing.machine_speed: expected positive cpu_ms and disk_mib_s")
     plist = _need(s, "prompts", list, p, ctx)
     if len(plist) != n_prompts:
         raise InputError(p, f"{ctx}prompts: {len(plist)} entries for {n_prompts} settings.prompts")
@@ -403,6 +413,11 @@ def render(g: Golden) -> str:
         t = sc.get("timing")
         tt = (f"decode {t['median']:.2f} tok/s (median of {len(t['samples'])}: "
               f"{', '.join(f'{x:.2f}' for x in t['samples'])})" if t else "no timing")
+        if t and t.get("io_wait_share") is not None:
+            tt += f", {100 * t['io_wait_share']:.0f} % of it waiting for reads"
+        if t and t.get("machine_speed"):
+            tt += (f", machine then: CPU workload {t['machine_speed']['cpu_ms']:.1f} ms, disk "
+                   f"{t['machine_speed']['disk_mib_s']:.0f} MiB/s")
         out.append(f"  scenario {name}: arena {sc['arena_mb']:.2f} MiB, {tt}, peak RSS {sc['peak_rss_mb']:.0f} MiB")
         for i, e in enumerate(sc["prompts"]):
             d = e["counters"].get("decode", {})

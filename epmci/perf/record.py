@@ -16,6 +16,7 @@ from .golden import Golden, new_history, now, routing_sha256
 from .plan import PerfPlan
 from .measure import unstable
 from .run import RunFailed, Scenario
+from .speed import io_wait_share, machine_speed
 
 # Share of the machine's CPU that other processes took during a timed run (perf.machine)
 # above which the run is called out: its tok/s measured the neighbours as well.
@@ -68,7 +69,9 @@ def record_golden(engine: EngineCommand, model: Path, plan: PerfPlan, workdir: C
             "prefetch": sc.specs[0].prefetch,
             "arena_mb": sc.specs[0].arena_mb,
             "timing": ({"metric": "decode tok/s", "samples": samples,
-                        "median": round(statistics.median(samples), 4)} if timing else None),
+                        "median": round(statistics.median(samples), 4),
+                        "io_wait_share": io_wait_share([m.stats.get("decode", {}) for m in timed]),
+                        "machine_speed": machine_speed(model)} if timing else None),
             "peak_rss_mb": max(m.peak_rss_mb for m in all_runs),
             "vm_swap_mb": max(m.vm_swap_mb for m in all_runs),
             "prompts": [{**m.fingerprint(), "counters": m.counters,

@@ -22,6 +22,9 @@ exclusive: they start after every other check finished and run one at a time (wi
 - decode tok/s vs golden: Mann-Whitney U on the samples plus a minimum effect size:
   SAME / DIFFERENT / UNKNOWN. Skipped (not passed) with --no-timing, without a timing
   baseline, or on a machine whose fingerprint differs from the one golden was recorded on.
+  A drop is set against the machine's own speed (epmci.perf.speed, recorded with golden):
+  when this machine's CPU and disk, weighted by golden's read-wait share, explain it within
+  the min effect, it is inconclusive (perf.inconclusive), not a regression.
 - peak RSS: under perf.ram_budget_mb (every perf run is also started with that budget).
 - decode tok/s vs base (--perf-base): both engines alive at once, their decode steps
   interleaved (epmci.perf.paced; a one-sided t test on the process pairs' robust per-step
@@ -49,6 +52,7 @@ from ...compare.routing import routing_agreement
 from ...compare.stats import DIFFERENT, SAME, UNKNOWN, compare_samples, per_look_alpha
 from ...config.experiments import EXPERIMENTS
 from ...perf.machine import mismatches
+from ...perf.speed import explains, machine_speed
 from ...perf.measure import Measurement, unstable
 from ...perf.plan import PerfPlan, prepare
 from ...perf.record import BUSY_WARN_PCT
@@ -383,7 +387,14 @@ class PerfSuite:
         if comp.regressed:
             io, why = io_diagnosis(g["prompts"][0]["counters"].get("decode", {}), timed[0].stats.get("decode", {}))
             props["io_regression"] = io
-            return CheckResult(NAME, name, FAIL, f"tok/s regressed: {what}; {why}", props)
+            machine = self.machine_slowdown(ctx, g["timing"], comp.ratio, props)
+            if props.get("machine_explains"):
+                return CheckResult(NAME, name, INCONCLUSIVE_STATUS[pc.inconclusive],
+                                   f"tok/s below golden, but the machine is slower than when golden was timed: "
+                                   f"{what}; {machine}, which explains the drop within min effect: inconclusive "
+                                   f"-- the base in the same run (--perf-base REF) decides, or re-record golden "
+                                   f"on this machine as it is now", props)
+            return CheckResult(NAME, name, FAIL, f"tok/s regressed: {what}; {why}; {machine}", props)
         if comp.verdict == DIFFERENT:
             return CheckResult(NAME, name, PASS, f"faster than golden: {what} (refresh golden with "
                                                  f"`{plan.record_hint()}`)", props)
@@ -391,6 +402,20 @@ class PerfSuite:
             return CheckResult(NAME, name, PASS, what, props)
         return CheckResult(NAME, name, INCONCLUSIVE_STATUS[pc.inconclusive],
                            f"inconclusive after {comp.n_current} runs (the cap): {what}", props)
+
+    @staticmethod
+    def machine_slowdown(ctx: CheckContext, timing: dict, ratio: float, props: dict) -> str:
+        """Is the machine itself slower than when golden was timed (epmci.perf.speed)? Sets
+        props machine_* (machine_explains: it explains `ratio` within min effect); says how."""
+        then = timing.get("machine_speed")
+        if not then:
+            return "golden records no machine speed, so a slower machine cannot be told from a slower engine"
+        now = machine_speed(ctx.model_path)
+        share = timing.get("io_wait_share")
+        ok, factor, how = explains(then, now, share or 0.0, ratio, ctx.cfg.perf.min_effect)
+        props.update(machine_speed_then=then, machine_speed_now=now, machine_factor=round(factor, 4),
+                     machine_explains=ok)
+        return how + ("" if share is not None else " (golden records no read-wait share: compute only)")
 
     def rss(self, ctx: CheckContext, ev: Evidence, name: str) -> CheckResult:
         """Peak RSS under the budget every run was started with, and no more than the

@@ -1,0 +1,126 @@
+"""How fast this machine is now, the engine aside: a fixed compute workload and the disk's
+throughput for the engine's reads.
+
+A tok/s baseline in a golden file was timed on the profile's machine at one moment; a shared
+or virtual machine is not as fast every day (its disk above all). Golden timing records this
+speed beside its samples, with the share of decode time the engine waited for reads, so a
+tok/s drop against golden can be set against what the machine's own slowdown predicts
+(`machine_factor`): a drop the machine explains is inconclusive, not a regression.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import random
+import statistics
+import threading
+import time
+
+import numpy as np
+
+from ..contract.process import drop_page_cache
+from ..gguf.file import EXPERT_PARTS, ModelFile
+
+CPU_REPEATS = 7        # the compute workload's median of this many
+DISK_READS = 96        # random experts read by the disk probe (each all its parts)
+DISK_THREADS = 4       # readers of the disk probe (the engine's default SDQ_IO_THREADS)
+
+
+def cpu_ms() -> float:
+    """Median milliseconds of a fixed single-threaded workload: interpreted integer work and
+    float32 dot products on a 4 MiB array (what the Python engine's decode step is made of)."""
+    a = np.linspace(0.0, 1.0, 1 << 20, dtype=np.float32)
+    times = []
+    for _ in range(CPU_REPEATS):
+        t0 = time.perf_counter()
+        acc = 0
+        for i in range(200_000):
+            acc += i * i % 7
+        for _ in range(20):
+            acc += int(np.dot(a, a))
+        times.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(times)
+
+
+def disk_mib_s(model: str | os.PathLike, threads: int = DISK_THREADS, n_reads: int = DISK_READS,
+               seed: int = 0) -> dict:
+    """The disk's throughput for the engine's reads: n_reads random experts' parts, each its
+    4096-aligned window read with O_DIRECT (buffered where the file system refuses), from
+    `threads` threads, the page cache dropped first."""
+    mf = ModelFile(model)
+    size = os.path.getsize(model)
+    rng = random.Random(seed)
+    windows = []
+    for _ in range(n_reads):
+        layer, expert = rng.randrange(mf.hp.n_layer), rng.randrange(mf.hp.n_expert)
+        for part in EXPERT_PARTS:
+            r = mf.expert_range(layer, expert, part)
+            lo, hi = r.offset // 4096 * 4096, -(-(r.offset + r.n_bytes) // 4096) * 4096
+            windows.append((lo, min(hi - lo, (size - lo) // 4096 * 4096)))
+    drop_page_cache(model)
+    try:
+        fd, direct = os.open(model, os.O_RDONLY | os.O_DIRECT), True
+    except OSError:
+        fd, direct = os.open(model, os.O_RDONLY), False
+    todo = list(windows)
+    lock = threading.Lock()
+
+    def reader():
+        buf = mmap.mmap(-1, max(n for _, n in windows))   # page-aligned, as O_DIRECT needs
+        while True:
+            with lock:
+                if not todo:
+                    return
+                off, n = todo.pop()
+            os.preadv(fd, [memoryview(buf)[:n]], off)
+    pool = [threading.Thread(target=reader) for _ in range(max(1, threads))]
+    try:
+        t0 = time.perf_counter()
+        for t in pool:
+            t.start()
+        for t in pool:
+            t.join()
+        seconds = time.perf_counter() - t0
+    finally:
+        os.close(fd)
+    total = sum(n for _, n in windows)
+    return {"mb_per_s": total / 2**20 / seconds, "read_bytes": total, "reads": len(windows),
+            "expert_bytes": mf.expert_bytes(0), "threads": threads, "o_direct": direct}
+
+
+def machine_speed(model: str | os.PathLike) -> dict:
+    """This machine's speed now, as golden timing records it."""
+    return {"cpu_ms": round(cpu_ms(), 3), "disk_mib_s": round(disk_mib_s(model)["mb_per_s"], 1)}
+
+
+def machine_factor(then: dict, now: dict, io_share: float) -> tuple[float, str]:
+    """(the decode tok/s the machine alone predicts now, relative to then; how). A decode step
+    is compute plus waiting for reads (`io_share` of its time when golden was timed): the
+    compute part scales with the CPU workload's time, the waiting part with the disk's
+    throughput."""
+    cpu = now["cpu_ms"] / then["cpu_ms"]                   # > 1: the CPU is slower now
+    disk = then["disk_mib_s"] / now["disk_mib_s"]          # > 1: the disk is slower now
+    s = min(max(io_share, 0.0), 1.0)
+    factor = 1.0 / ((1.0 - s) * cpu + s * disk)
+    how = (f"this machine's CPU workload takes x{cpu:.3f} the time it took when golden was timed "
+           f"({now['cpu_ms']:.1f} vs {then['cpu_ms']:.1f} ms), its disk reads at x{1 / disk:.3f} the speed "
+           f"({now['disk_mib_s']:.0f} vs {then['disk_mib_s']:.0f} MiB/s); with {100 * s:.0f} % of decode "
+           f"spent waiting for reads then, that predicts tok/s x{factor:.3f}")
+    return factor, how
+
+
+def explains(then: dict, now: dict, io_share: float, ratio: float, min_effect: float) -> tuple[bool, float, str]:
+    """Does the machine's own slowdown explain a tok/s ratio (now/golden) below 1 - min_effect?
+    Yes when, divided by what the machine predicts, the ratio is within min_effect.
+    (explained, the machine's factor, how)."""
+    factor, how = machine_factor(then, now, io_share)
+    return ratio / factor >= 1.0 - min_effect, factor, how
+
+
+def io_wait_share(decode_stats: list[dict]) -> float | None:
+    """Median share of decode time spent waiting for expert reads (stats io_wait_s /
+    seconds) over runs; None when the engine does not report it."""
+    shares = [float(d["io_wait_s"]) / float(d["seconds"]) for d in decode_stats
+              if d.get("io_wait_s") is not None and float(d.get("seconds") or 0) > 0]
+    return round(statistics.median(shares), 4) if shares else None
