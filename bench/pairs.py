@@ -23,7 +23,8 @@ ends the chunk cleanly (no job here may run longer than 30 minutes).
 analyse: for every recording, replays --decisions decisions through the gate's own
 sequential decision and prints a Markdown table: false alarms (unchanged) or detection
 (slowed), SAME, UNKNOWN, pairs per decision, with Wilson 95 % intervals, the recorded pairs
-(what bounds the precision), the per-pair noise and the drift check.
+(what bounds the precision), the per-pair noise and the drift check; then the real decisions
+the recording holds, in the order it was taken (epmci.perf.calibration.in_order).
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ from epmci.contract.process import EngineCommand  # noqa: E402
 from epmci.gguf.facts import ModelFacts  # noqa: E402
 from epmci.gguf.file import ModelFile  # noqa: E402
 from epmci.perf.abba import Side  # noqa: E402
-from epmci.perf.calibration import drift, replay  # noqa: E402
+from epmci.perf.calibration import drift, in_order, replay  # noqa: E402
 from epmci.contract.memory import min_arena_mib  # noqa: E402
 from epmci.errors import InputError  # noqa: E402
 from epmci.perf.machine import available_memory_mib  # noqa: E402
@@ -180,6 +181,10 @@ def analyse(a) -> int:
                     f"{statistics.median(d.pairs_used):.0f}, {statistics.fmean(d.pairs_used):.1f} | "
                     f"{statistics.median(r['load_start'] for r in recs):.2f} |")
     print("\n".join(rows))
+    print("\nDecisions in recording order (consecutive pairs, each used once, as --perf-base would have decided):")
+    for path in sorted(Path(a.out).glob("*.jsonl")):
+        made = in_order([pair_value(r) for r in read_recording(path)], **gate)
+        print(f"- {path.stem}: " + (", ".join(f"{v} x{r:.4f} ({k} pairs)" for v, r, k in made) or "none (too few pairs)"))
     print(f"\n{a.decisions} replayed decisions per recording (gate: {gate}); the intervals are over the "
           f"replays -- the recorded pairs bound the precision.")
     return 0

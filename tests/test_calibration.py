@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from epmci.config.schema import PerfConfig
-from epmci.perf.calibration import drift, replay, wilson
+from epmci.perf.calibration import drift, in_order, replay, wilson
 from epmci.perf.paced import look_sizes, sequential_verdict
 
 PC = PerfConfig()
@@ -61,3 +61,15 @@ def test_drift_tells_a_trend_from_none():
     flat = list(rng.standard_normal(60))
     trend = [x + 0.1 * i for i, x in enumerate(flat)]
     assert drift(flat)[1] > 0.05 and drift(trend)[1] < 1e-4
+
+
+def test_decisions_in_recording_order_use_each_pair_once():
+    slow = in_order(recording(0.10, 0.005, n=20), **GATE)
+    assert [(v, k) for v, _, k in slow] == [("slower", 6)] * 3          # 18 of 20 pairs, 2 too few for a look
+    assert all(r == pytest.approx(0.90, abs=0.01) for _, r, _ in slow)
+    same = in_order(recording(0.0, 0.005, n=13), **GATE)
+    assert [(v, k) for v, _, k in same] == [("SAME", 6)] * 2
+    # at the SAME/DIFFERENT boundary a decision may need its second look; with too few pairs
+    # left for it, that decision is not counted
+    edge = in_order(recording(0.05, 0.04, n=8, seed=5), **GATE)
+    assert all(k in (6, 12) for _, _, k in edge) and sum(k for _, _, k in edge) <= 8

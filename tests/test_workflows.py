@@ -456,12 +456,23 @@ def test_production_scale_runs_with_the_settings_its_baselines_were_recorded_wit
     assert "schedule" in wf["on"] and "workflow_dispatch" in wf["on"]
     assert wf["jobs"]["prod35-full"]["runs-on"] == RUNNER_LABELS
     checks = [a for _j, _l, a in workflow_commands(path) if has_prefix(a, "epmci", "check")]
-    assert len(checks) == 1 and checks[0][checks[0].index("--model") + 1] == "prod35-full"
-    argv = checks[0]
-    sets = [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]
-    baselines = sorted((ROOT / "golden" / argv[argv.index("--profile") + 1]).glob("prod35-full-seed0-gen*.yaml"))
-    assert len(baselines) == 1, baselines
-    assert G.load(baselines[0]).settings == perf_settings(load_config(ROOT / "epmci.yaml", parse_set(sets)))
+    # two: without, and (dispatched with a perf-base ref) with the comparison against that ref
+    assert len(checks) == 2 and all(a[a.index("--model") + 1] == "prod35-full" for a in checks)
+    with_base = [a for a in checks if "--perf-base" in a]
+    assert len(with_base) == 1 and with_base[0][with_base[0].index("--perf-base") + 1] == "X"   # "$PERF_BASE"
+    for argv in checks:
+        sets = [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]
+        baselines = sorted((ROOT / "golden" / argv[argv.index("--profile") + 1]).glob("prod35-full-seed0-gen*.yaml"))
+        assert len(baselines) == 1, baselines
+        assert G.load(baselines[0]).settings == perf_settings(load_config(ROOT / "epmci.yaml", parse_set(sets)))
+    # the ref reaches the script through the environment (never pasted into it), and the
+    # history the base is built from is there
+    inputs = wf["on"]["workflow_dispatch"]["inputs"]
+    assert inputs["perf-base"]["default"] == "" and not inputs["perf-base"]["required"]
+    (step,) = [s for s in wf["jobs"]["prod35-full"]["steps"] if "epmci check" in s.get("run", "")]
+    assert step["env"]["PERF_BASE"] == "${{ inputs.perf-base }}" and "${{" not in step["run"]
+    (checkout,) = [s for s in wf["jobs"]["prod35-full"]["steps"] if s.get("uses", "").startswith("actions/checkout")]
+    assert checkout["with"]["fetch-depth"] == 0
 
 
 def test_check_failures_fail_the_job(gate_wf):

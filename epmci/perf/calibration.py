@@ -72,6 +72,24 @@ def replay(condition: str, samples: list[float], *, n: int, rng: np.random.Gener
     return Decisions(condition, len(x), n, counts["slower"], counts["faster"], counts[SAME], counts[UNKNOWN], used)
 
 
+def in_order(samples: list[float], *, pairs: int, step_pairs: int, max_pairs: int, alpha: float, floor: float,
+             min_effect: float) -> list[tuple[str, float, int]]:
+    """The gate's decisions on the recording as it was taken, no resampling: consecutive
+    disjoint runs of pairs, each decided as --perf-base would (its looks), until too few
+    pairs are left for the next look. [(verdict -- "slower"/"faster" for DIFFERENT, the
+    ratio, pairs used)]. Each is a real decision; they confirm what the replays estimate."""
+    out, i = [], 0
+    while len(samples) - i >= pairs:
+        try:
+            c, k = sequential_verdict(samples[i:], pairs=pairs, step_pairs=step_pairs, max_pairs=max_pairs,
+                                      alpha=alpha, floor=floor, min_effect=min_effect)
+        except ValueError:           # UNKNOWN at a look, and too few pairs left for the next one
+            break
+        out.append((("slower" if c.ratio < 1 else "faster") if c.verdict == DIFFERENT else c.verdict, c.ratio, k))
+        i += k
+    return out
+
+
 def drift(samples: list[float]) -> tuple[float, float]:
     """Spearman's rank correlation of the pair values with their recording order, and its
     two-sided p-value (normal approximation, fine from ~10 pairs): near 0 and p large means
