@@ -23,7 +23,9 @@ ends the chunk cleanly (no job here may run longer than 30 minutes).
 analyse: for every recording, replays --decisions decisions through the gate's own
 sequential decision and prints a Markdown table: false alarms (unchanged) or detection
 (slowed), SAME, UNKNOWN, pairs per decision, with Wilson 95 % intervals, the recorded pairs
-(what bounds the precision), the per-pair noise and the drift check; then the real decisions
+(what bounds the precision), the per-pair noise, the drift check and how often the p99
+latency verdict fails on pairs drawn the same way (for an unchanged head: its false alarms);
+then the real decisions
 the recording holds, in the order it was taken (epmci.perf.calibration.in_order).
 """
 
@@ -55,7 +57,7 @@ from epmci.contract.process import EngineCommand  # noqa: E402
 from epmci.gguf.facts import ModelFacts  # noqa: E402
 from epmci.gguf.file import ModelFile  # noqa: E402
 from epmci.perf.abba import Side  # noqa: E402
-from epmci.perf.calibration import drift, in_order, replay  # noqa: E402
+from epmci.perf.calibration import drift, in_order, replay, replay_p99, wilson  # noqa: E402
 from epmci.contract.memory import min_arena_mib  # noqa: E402
 from epmci.errors import InputError  # noqa: E402
 from epmci.perf.machine import available_memory_mib  # noqa: E402
@@ -164,8 +166,8 @@ def analyse(a) -> int:
     gate = dict(pairs=pc.base_pairs, step_pairs=pc.base_more_pairs, max_pairs=pc.base_max_pairs,
                 alpha=pc.base_alpha, floor=pc.base_floor, min_effect=pc.min_effect)
     rows = ["| recording | pairs | median head/base | per-pair noise (sd) | drift rho (p) | DIFFERENT slower "
-            "[95 % CI] | SAME | UNKNOWN | pairs/decision (median, mean) | load (median) |",
-            "|---|---:|---:|---:|---|---|---:|---:|---|---:|"]
+            "[95 % CI] | SAME | UNKNOWN | pairs/decision (median, mean) | load (median) | p99 verdict fails [95 % CI] |",
+            "|---|---:|---:|---:|---|---|---:|---:|---|---:|---|"]
     rng = np.random.default_rng(a.seed)
     for path in sorted(Path(a.out).glob("*.jsonl")):
         recs = read_recording(path)
@@ -175,17 +177,23 @@ def analyse(a) -> int:
         d = replay(path.stem, values, n=a.decisions, rng=rng, **gate)
         share, lo, hi = d.rate(d.slower)
         rho, p = drift(values)
+        steps = [(r["base_wall"][r["warmup"]:], r["head_wall"][r["warmup"]:]) for r in recs]
+        fails = replay_p99(steps, n=a.decisions, rng=rng, pairs=pc.base_pairs, limit=pc.p99_max_ratio,
+                           alpha=pc.base_alpha)
+        f_lo, f_hi = wilson(fails, a.decisions)
         rows.append(f"| {path.stem} | {len(values)} | x{math.exp(statistics.median(values)):.4f} | "
                     f"{100 * statistics.stdev(values):.2f} % | {rho:+.2f} ({p:.2g}) | {100 * share:.2f} % "
                     f"[{100 * lo:.2f}, {100 * hi:.2f}] | {100 * d.same / d.n:.1f} % | {100 * d.unknown / d.n:.1f} % | "
                     f"{statistics.median(d.pairs_used):.0f}, {statistics.fmean(d.pairs_used):.1f} | "
-                    f"{statistics.median(r['load_start'] for r in recs):.2f} |")
+                    f"{statistics.median(r['load_start'] for r in recs):.2f} | {100 * fails / a.decisions:.2f} % "
+                    f"[{100 * f_lo:.2f}, {100 * f_hi:.2f}] |")
     print("\n".join(rows))
     print("\nDecisions in recording order (consecutive pairs, each used once, as --perf-base would have decided):")
     for path in sorted(Path(a.out).glob("*.jsonl")):
         made = in_order([pair_value(r) for r in read_recording(path)], **gate)
         print(f"- {path.stem}: " + (", ".join(f"{v} x{r:.4f} ({k} pairs)" for v, r, k in made) or "none (too few pairs)"))
-    print(f"\n{a.decisions} replayed decisions per recording (gate: {gate}); the intervals are over the "
+    print(f"\n{a.decisions} replayed decisions per recording (gate: {gate}); p99 verdicts on {pc.base_pairs} "
+          f"pairs each (limit x{pc.p99_max_ratio:g}, tail test at {pc.base_alpha:g}); the intervals are over the "
           f"replays -- the recorded pairs bound the precision.")
     return 0
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from epmci.config.schema import PerfConfig
-from epmci.perf.calibration import drift, in_order, replay, wilson
+from epmci.perf.calibration import drift, in_order, replay, replay_p99, wilson
 from epmci.perf.paced import look_sizes, sequential_verdict
 
 PC = PerfConfig()
@@ -73,3 +73,25 @@ def test_decisions_in_recording_order_use_each_pair_once():
     # left for it, that decision is not counted
     edge = in_order(recording(0.05, 0.04, n=8, seed=5), **GATE)
     assert all(k in (6, 12) for _, _, k in edge) and sum(k for _, _, k in edge) <= 8
+
+
+def step_times(n_pairs: int, slow_share: float, seed: int) -> list[tuple[list[float], list[float]]]:
+    """(base, head) step times of n_pairs pairs x 96 steps: 3 % jitter and a heavy tail (1 %
+    of steps up to 3x) on both sides; `slow_share` of the head's steps also 3x slower."""
+    rng = np.random.default_rng(seed)
+
+    def side(extra: float) -> list[float]:
+        x = 0.5 * (1 + 0.03 * rng.standard_normal(96)) * np.where(rng.random(96) < 0.01, rng.uniform(1, 3, 96), 1)
+        return list(x * np.where(rng.random(96) < extra, 3.0, 1.0))
+    return [(side(0.0), side(slow_share)) for _ in range(n_pairs)]
+
+
+def test_p99_verdicts_replayed_on_pairs_false_alarm_within_alpha_and_catch_a_heavier_tail():
+    rng = np.random.default_rng(7)
+    n = 1000
+    unchanged = replay_p99(step_times(40, 0.0, 1), n=n, rng=rng, pairs=6, limit=PC.p99_max_ratio,
+                           alpha=PC.base_alpha)
+    assert unchanged / n <= PC.base_alpha + 3 * math.sqrt(PC.base_alpha / n), unchanged
+    heavier = replay_p99(step_times(40, 0.05, 2), n=n, rng=rng, pairs=6, limit=PC.p99_max_ratio,
+                         alpha=PC.base_alpha)
+    assert heavier / n >= 0.95, heavier

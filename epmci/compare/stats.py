@@ -338,6 +338,16 @@ def tail_test(base, head, quantile: float = 0.98) -> TailTest:
     return TailTest(quantile, k, x, len(b), nh, min(1.0, p))
 
 
+def p99_regressed(base, head, limit: float, alpha: float) -> tuple[bool, float, TailTest]:
+    """The paced p99 inter-token latency rule: (failed, head p99 / base p99, the tail test).
+    It fails only when the head's p99 is over `limit` times the base's AND the head holds
+    significantly more of the steps above the pooled p98 (TailTest at `alpha`), so one slow
+    step cannot fail an unchanged head."""
+    ratio = latency_percentiles(head)["p99"] / latency_percentiles(base)["p99"]
+    tail = tail_test(base, head)
+    return ratio > limit and tail.p_value < alpha, ratio, tail
+
+
 def cpu_diagnosis(ratio: float, cpu_ratio: float) -> str:
     """What CPU time says about a wall-time change (both as tok/s-style ratios head/base:
     below 1, the head takes longer per step): a slowdown whose CPU time stayed flat (less

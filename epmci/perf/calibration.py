@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..compare.stats import DIFFERENT, SAME, UNKNOWN
+from ..compare.stats import DIFFERENT, SAME, UNKNOWN, p99_regressed
 from .paced import sequential_verdict
 
 
@@ -70,6 +70,22 @@ def replay(condition: str, samples: list[float], *, n: int, rng: np.random.Gener
         counts[key] += 1
         used.append(k)
     return Decisions(condition, len(x), n, counts["slower"], counts["faster"], counts[SAME], counts[UNKNOWN], used)
+
+
+def replay_p99(steps: list[tuple[list[float], list[float]]], *, n: int, rng: np.random.Generator, pairs: int,
+               limit: float, alpha: float) -> int:
+    """How many of n p99 verdicts fail: each on `pairs` process pairs drawn with replacement
+    from one condition's recording, given as (base, head) measured step times per pair, their
+    steps pooled per side as --perf-base pools them (compare.stats.p99_regressed)."""
+    if not steps:
+        raise ValueError("no recorded pairs")
+    fails = 0
+    for _ in range(n):
+        draw = [steps[i] for i in rng.integers(0, len(steps), pairs)]
+        base = [x for b, _ in draw for x in b]
+        head = [x for _, h in draw for x in h]
+        fails += p99_regressed(base, head, limit, alpha)[0]
+    return fails
 
 
 def in_order(samples: list[float], *, pairs: int, step_pairs: int, max_pairs: int, alpha: float, floor: float,

@@ -14,7 +14,7 @@ import time
 from dataclasses import replace
 
 from ...compare.counters import io_diagnosis
-from ...compare.stats import UNKNOWN, Comparison, cpu_diagnosis, latency_percentiles, tail_test
+from ...compare.stats import UNKNOWN, Comparison, cpu_diagnosis, latency_percentiles, p99_regressed
 from ...contract.memory import min_arena_mib
 from ...perf.abba import ABABResult, Side, Worktree, base_side, build_base, run_abab
 from ...perf.paced import PacedResult, Unpaceable, paced_spec, run_paced
@@ -129,16 +129,13 @@ def _tok_s_result(ctx, name, c: Comparison, what: str, props: dict, secs: float,
 
 
 def _latency_result(ctx, plan, name: str, res: PacedResult) -> CheckResult:
-    """p50/p95/p99 of each side, and a verdict that cannot fire on one slow step: it fails
-    only when the head's p99 is over perf.p99_max_ratio times the base's AND the head holds
-    significantly more of the steps above the pooled 98th percentile (TailTest at
-    perf.base_alpha: its false-alarm rate on an unchanged head)."""
+    """p50/p95/p99 of each side, and the verdict of compare.stats.p99_regressed at
+    perf.p99_max_ratio and perf.base_alpha (it cannot fire on one slow step)."""
     pc = ctx.cfg.perf
     limit = pc.p99_max_ratio
     steps = {side: res.latencies(side) for side in ("base", "head")}
     lat = {side: latency_percentiles(x) for side, x in steps.items()}
-    ratio = lat["head"]["p99"] / lat["base"]["p99"]
-    tail = tail_test(steps["base"], steps["head"])
+    failed, ratio, tail = p99_regressed(steps["base"], steps["head"], limit, pc.base_alpha)
     props = {f"{side}_{q}_ms": round(1e3 * v, 3) for side, qs in lat.items() for q, v in qs.items()}
     props.update(p99_ratio=round(ratio, 4), p99_max_ratio=limit, steps_per_side=len(steps["head"]),
                  tail_steps_above_p98=tail.above, tail_head_above=tail.head_above,
@@ -147,7 +144,7 @@ def _latency_result(ctx, plan, name: str, res: PacedResult) -> CheckResult:
             f"vs base {'/'.join(f'{1e3 * v:.1f}' for v in lat['base'].values())} ms at {plan.base_sha[:12]} "
             f"({len(steps['head'])} paced steps a side): p99 x{ratio:.3f}; {tail.head_above} of the {tail.above} "
             f"steps above the pooled p98 are the head's (tail test p={tail.p_value:.3g} vs {pc.base_alpha:g})")
-    if ratio > limit and tail.p_value < pc.base_alpha:
+    if failed:
         return CheckResult(NAME, name, FAIL, f"p99 latency regressed against the base: {what}, over the limit "
                                              f"x{limit:g} (perf.p99_max_ratio)", props)
     if ratio > limit:
