@@ -6,6 +6,8 @@ its own part of the machine), and the probes on the tiny model (real numbers, po
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from epmci.perf.speed import DISK_MIB, PROBE_NOISE, cpu_ms, disk_mib_s, explains, io_wait_share, machine_factor
@@ -50,3 +52,18 @@ def test_probes_measure_real_numbers(tiny_model):
     d = disk_mib_s(tiny_model, threads=2, n_reads=8)
     assert d["mb_per_s"] > 0 and d["reads"] == 8 * 3 and d["read_bytes"] > 0 and isinstance(d["o_direct"], bool)
     assert disk_mib_s(tiny_model)["read_bytes"] >= DISK_MIB * 2**20      # by volume when no count is given
+
+
+@pytest.mark.parametrize("fault", ["error", "short read"])
+def test_a_failed_disk_read_fails_the_probe(tiny_model, monkeypatch, fault):
+    """A reader thread that fails must fail the probe, not report the speed of fewer bytes."""
+    import epmci.perf.speed as S
+    real = os.preadv
+
+    def broken(fd, bufs, off):
+        if fault == "error":
+            raise OSError(5, "Input/output error")
+        return real(fd, bufs, off) - 4096
+    monkeypatch.setattr(S.os, "preadv", broken)
+    with pytest.raises(OSError, match="Input/output error" if fault == "error" else "read .* of .* bytes"):
+        disk_mib_s(tiny_model, threads=2, n_reads=4)

@@ -283,7 +283,7 @@ def _check_scenario(s, ctx: str, n_prompts: int, p: Path) -> None:
             raise InputError(p, f"{ctx}timing.samples: expected a non-empty list of positive numbers")
         _need(timing, "median", NUM, p, ctx + "timing.")
         share = timing.get("io_wait_share")
-        if share is not None and not (isinstance(share, NUM) and 0 <= share <= 1):
+        if share is not None and not (isinstance(share, NUM) and not isinstance(share, bool) and 0 <= share <= 1):
             raise InputError(p, f"{ctx}timing.io_wait_share: expected a number from 0 to 1 or null")
         speed = timing.get("machine_speed")
         if speed is not None and not (isinstance(speed, dict) and all(

@@ -78,15 +78,21 @@ def disk_mib_s(model: str | os.PathLike, threads: int = DISK_THREADS, n_reads: i
         fd, direct = os.open(model, os.O_RDONLY), False
     todo = list(windows)
     lock = threading.Lock()
+    errors: list[BaseException] = []
 
     def reader():
         buf = mmap.mmap(-1, max(n for _, n in windows))   # page-aligned, as O_DIRECT needs
-        while True:
-            with lock:
-                if not todo:
-                    return
-                off, n = todo.pop()
-            os.preadv(fd, [memoryview(buf)[:n]], off)
+        try:
+            while True:
+                with lock:
+                    if not todo:
+                        return
+                    off, n = todo.pop()
+                got = os.preadv(fd, [memoryview(buf)[:n]], off)
+                if got != n:
+                    raise OSError(f"{model}: read {got} of {n} bytes at offset {off}")
+        except BaseException as e:   # a reader that dies must not leave a throughput of fewer bytes
+            errors.append(e)
     pool = [threading.Thread(target=reader) for _ in range(max(1, threads))]
     try:
         t0 = time.perf_counter()
@@ -97,7 +103,8 @@ def disk_mib_s(model: str | os.PathLike, threads: int = DISK_THREADS, n_reads: i
         seconds = time.perf_counter() - t0
     finally:
         os.close(fd)
-    total = sum(n for _, n in windows)
+    if errors:
+        raise errors[0]
     return {"mb_per_s": total / 2**20 / seconds, "read_bytes": total, "reads": len(windows),
             "expert_bytes": mf.expert_bytes(0), "threads": threads, "o_direct": direct}
 
