@@ -57,13 +57,14 @@ def warm_page_cache(path: str) -> None:
             pass
 
 
-def engine_run(model: str, prompt: str, threads: int, a, cap: MemoryCap | None = None) -> dict:
+def engine_run(model: str, prompt: str, threads: int, a, cap: MemoryCap | None = None,
+               kernels: str = "auto") -> dict:
     with tempfile.TemporaryDirectory() as td:
         # resident: the engine's default micro-batch (prefill is measured); paged: -b 8 (headline.py's)
         spec = RunSpec(prompt, n_predict=a.n_predict, threads=threads, ctx=ENGINE_CTX, dump_logits=False,
                        pager=cap is not None, batch=32 if cap is None else 8)
         if cap is None:
-            cmd = [*BUNDLED_ARGV, *spec.args(model, Path(td))]
+            cmd = [*BUNDLED_ARGV, *spec.args(model, Path(td)), "--kernels", kernels]
             try:
                 r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, cwd=REPO)
             except subprocess.TimeoutExpired:
@@ -71,7 +72,7 @@ def engine_run(model: str, prompt: str, threads: int, a, cap: MemoryCap | None =
         else:
             spec.arena_mb, spec.ram_budget_mb = int(cap.limit * 0.55 / MiB), cap.limit // MiB
             drop_page_cache(model)
-            r = run_capped(cap, [*BUNDLED_ARGV, *spec.args(model, Path(td))], a.timeout)
+            r = run_capped(cap, [*BUNDLED_ARGV, *spec.args(model, Path(td)), "--kernels", kernels], a.timeout)
             warm_page_cache(model)
         if r.returncode != 0:
             return {"error": f"exit {r.returncode}: {r.stderr.strip()[-300:]}"}
@@ -106,6 +107,8 @@ def main() -> int:
     ap.add_argument("--n-predict", type=int, default=32)
     ap.add_argument("--prompt-repeat", type=int, default=4)
     ap.add_argument("--threads", default="1,2", help="resident thread counts")
+    ap.add_argument("--kernels", default="auto",
+                    help="engine kernel paths to run side by side, e.g. portable,auto (before/after a kernel)")
     ap.add_argument("--no-paged", action="store_true", help="skip the capped paged row")
     ap.add_argument("--no-llama", action="store_true")
     ap.add_argument("--timeout", type=float, default=1800)
@@ -130,9 +133,12 @@ def main() -> int:
             have_llama = True
         except ImportError:
             pass
+    paths = a.kernels.split(",")
+    engine_name = lambda t, k: f"engine -t {t}" + (f" ({k})" if len(paths) > 1 else "")
     settings: dict[str, object] = {}
     for t in threads:
-        settings[f"engine -t {t}"] = lambda t=t: engine_run(a.model, prompt, t, a)
+        for k in paths:
+            settings[engine_name(t, k)] = lambda t=t, k=k: engine_run(a.model, prompt, t, a, kernels=k)
         if have_llama:
             settings[f"llama.cpp -t {t}"] = lambda t=t: llama_run(a.model, prompt, t, a)
     paged_note = None
@@ -143,7 +149,7 @@ def main() -> int:
         paged_note = "skipped: needs root and the cgroup-v1 memory controller"
     else:
         cap = MemoryCap(int(os.path.getsize(a.model) / 3))
-        settings["paged engine -t 2, cap 1/3"] = lambda: engine_run(a.model, prompt, 2, a, cap)
+        settings["paged engine -t 2, cap 1/3"] = lambda: engine_run(a.model, prompt, 2, a, cap, kernels=paths[-1])
     runs: dict[str, list[dict]] = {name: [] for name in settings}
     warm_page_cache(a.model)
     try:
@@ -174,12 +180,27 @@ def main() -> int:
         print(f"| paged engine -t 2, cap 1/3 | {paged_note} | | |")
     print()
     ratios = {}
-    for t in threads:
-        e, l = med.get(f"engine -t {t}"), med.get(f"llama.cpp -t {t}")
-        for k, label in (("decode_tok_s", "decode"), ("prefill_tok_s", "prefill")):
-            if e and l and e[k] and l[k]:
-                ratios[f"{label} -t {t}: engine / llama.cpp"] = e[k] / l[k]
-    p, e2 = med.get("paged engine -t 2, cap 1/3"), med.get("engine -t 2")
+
+    def ratio(label: str, num: dict | None, den: dict | None, key: str) -> None:
+        if num and den and num[key] and den[key]:
+            ratios[label] = num[key] / den[key]
+
+    for key, phase in (("decode_tok_s", "decode"), ("prefill_tok_s", "prefill")):
+        for t in threads:
+            for k in paths:
+                ratio(f"{phase} -t {t}: {engine_name(t, k)} / llama.cpp", med.get(engine_name(t, k)),
+                      med.get(f"llama.cpp -t {t}"), key)
+                if k != paths[0]:
+                    ratio(f"{phase} -t {t}: {k} / {paths[0]}", med.get(engine_name(t, k)),
+                          med.get(engine_name(t, paths[0])), key)
+        for k in paths:   # thread scaling
+            if len(threads) > 1:
+                ratio(f"{phase} {engine_name(threads[-1], k)} / -t {threads[0]}", med.get(engine_name(threads[-1], k)),
+                      med.get(engine_name(threads[0], k)), key)
+        if have_llama and len(threads) > 1:
+            ratio(f"{phase} llama.cpp -t {threads[-1]} / -t {threads[0]}", med.get(f"llama.cpp -t {threads[-1]}"),
+                  med.get(f"llama.cpp -t {threads[0]}"), key)
+    p, e2 = med.get("paged engine -t 2, cap 1/3"), med.get(engine_name(2, paths[-1]))
     if p and e2 and p["decode_tok_s"] and e2["decode_tok_s"]:
         ratios["decode -t 2: paged (cap 1/3) / resident"] = p["decode_tok_s"] / e2["decode_tok_s"]
     for k, v in ratios.items():

@@ -53,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--profile-out", help="write per-(layer, expert) routing counts")
     ap.add_argument("--selftest", metavar="L:E:N:OUT", help="run one expert through the paged path")
     ap.add_argument("--tokens-in", metavar="FILE", help="evaluate these tokens instead of -p/-n (teacher forcing)")
+    ap.add_argument("--kernels", choices=("auto", "portable", "avx2"),
+                    help="k-quant kernels, same bits on each (default: SDQ_KERNELS, else auto: the fastest this CPU runs)")
     ap.add_argument("--pace-fds", metavar="R,W", help="hold each decode step for a byte on fd R, report it on fd W")
     return ap
 
@@ -108,6 +110,16 @@ def _pager_config(a: argparse.Namespace):
                                 prefetch=False if a.no_prefetch else None)
 
 
+def _kernel_path(a: argparse.Namespace) -> str:
+    """--kernels, else SDQ_KERNELS, else auto; one a CPU cannot run is the contract's one line."""
+    from . import kernels
+    name = a.kernels or os.environ.get("SDQ_KERNELS", "").strip() or "auto"
+    try:
+        return kernels.set_kernel_path(name)
+    except ValueError as e:
+        raise ModelError(f"{'--kernels' if a.kernels else 'SDQ_KERNELS'}: {e}") from None
+
+
 def run(a: argparse.Namespace) -> int:
     if a.contract_info:
         print(json.dumps(contract_info()))
@@ -131,7 +143,8 @@ def run(a: argparse.Namespace) -> int:
     pacer = Pacer(a.pace_fds) if a.pace_fds else None
     opts = Options(n_ctx=a.ctx_size, threads=a.threads, batch=a.batch_size, pager=not a.no_pager,
                    pager_config=None if a.no_pager else _pager_config(a),
-                   keep_logits=bool(a.dump_logits or a.tokens_in))
+                   keep_logits=bool(a.dump_logits or a.tokens_in),
+                   kernels=_kernel_path(a))
     engine = Engine(a.model, opts)
     try:
         if a.selftest:

@@ -35,6 +35,11 @@ Numerics (read against llama.cpp's C sources, not memory):
   vec_dot_type (engine/qtypes.py) once and runs that type's kernel over one matrix or
   several (a layer's experts), each with its own activation rows.
 
+Kernel paths: the k-quant products also exist in engine/kernels_avx2.py (AVX2's byte
+multiply-add over lane-major bytes: the same integers, so the same bits); ``set_kernel_path``
+chooses ("auto": the fastest this CPU runs), the engine from ``--kernels`` / SDQ_KERNELS.
+The block sizes, f16 scales and work items both paths use are in engine/kernel_parts.py.
+
 Determinism: the kernels are ``parallel=True``; the matrix products' threads take work items --
 fixed chunks of OUTPUT rows (of one or several matrices) -- from a shared counter. Every
 output element is produced by one sequential loop whose order does not depend on which
@@ -50,16 +55,53 @@ from itertools import accumulate
 
 import numba
 import numpy as np
-from numba import njit, prange, types
-from numba.extending import intrinsic
+from numba import njit, prange
 
-from .qtypes import F32, Q4_K, Q5_K, Q6_K, Q8_0, Q8_K, QK8_0, QK_K, QTYPES, qtype_info
+from .kernel_parts import (LANES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES, ROWS_PER_ITEM, U, check_rows,
+                           f16, kquant_block_bytes, mins_term, most_rows, scale_min_k4, sum_lanes, take_item,
+                           u8_pointer)
+from .qtypes import F32, Q4_K, Q5_K, Q6_K, Q8_0, Q8_K, QK8_0, QK_K, qtype_info
 
-# Block sizes as module constants: numba freezes them into the kernels.
-_Q8_0_BYTES = QTYPES[Q8_0].block_bytes
-_Q4_K_BYTES = QTYPES[Q4_K].block_bytes
-_Q5_K_BYTES = QTYPES[Q5_K].block_bytes
-_Q6_K_BYTES = QTYPES[Q6_K].block_bytes
+
+
+# ------------------------------------------------------------- kernel paths
+#
+# The k-quant products exist twice: the portable lane loop below (any CPU numba targets)
+# and engine/kernels_avx2.py (vpmaddubsw, which numba never emits itself). Both give the
+# same bits; "auto" takes the fastest the CPU runs. The AVX2 module is imported, and so
+# compiled, only when chosen: on a CPU without AVX2 its instructions do not exist.
+KERNEL_PATHS = ("portable", "avx2")
+_path = {"name": "portable", "kquant": None}
+
+
+def available_paths() -> tuple[str, ...]:
+    """The kernel paths this CPU runs, slowest first. AVX2 needs the feature and numba
+    compiling for this host (NUMBA_CPU_NAME unset or "host")."""
+    from llvmlite import binding
+    host = numba.config.CPU_NAME in (None, "host")
+    return ("portable", "avx2") if host and binding.get_host_cpu_features().get("avx2") else ("portable",)
+
+
+def set_kernel_path(name: str) -> str:
+    """Choose the k-quant kernels: "auto" (the fastest available), "portable" or "avx2".
+    ValueError names a path that does not exist or that this CPU cannot run."""
+    avail = available_paths()
+    chosen = avail[-1] if name == "auto" else name
+    if chosen not in KERNEL_PATHS:
+        raise ValueError(f"kernel path {name!r}: expected auto or one of {', '.join(KERNEL_PATHS)}")
+    if chosen not in avail:
+        raise ValueError(f"kernel path {name!r}: this CPU (or NUMBA_CPU_NAME) does not allow it; "
+                         f"available: {', '.join(avail)}")
+    if chosen == "avx2":
+        from . import kernels_avx2
+        _path.update(name=chosen, kquant=kernels_avx2.matmul_kquant)
+    else:
+        _path.update(name=chosen, kquant=None)
+    return chosen
+
+
+def kernel_path() -> str:
+    return _path["name"]
 
 
 def set_threads(n: int) -> None:
@@ -69,43 +111,6 @@ def set_threads(n: int) -> None:
 
 def get_threads() -> int:
     return numba.get_num_threads()
-
-
-# --------------------------------------------------------------------------- helpers
-
-# _POW2[e] = 2**(e - 25) (exact in float64); a frozen constant inside the kernels.
-_POW2 = np.array([2.0 ** (e - 25) for e in range(32)], dtype=np.float64)
-
-
-@njit(cache=True, inline="always")
-def _f16(lo, hi):
-    """IEEE binary16 (little-endian bytes lo, hi) -> float32, exact (incl. subnormals).
-
-    normal: (1024 + m) * 2**(e-25); subnormal: m * 2**-24 (= m * _POW2[1]); both exact."""
-    h = np.int32(lo) | (np.int32(hi) << 8)
-    e = (h >> 10) & 0x1F
-    m = h & 0x3FF
-    if e == 0:
-        v = np.float64(m) * _POW2[1]
-    elif e == 31:
-        v = math.inf if m == 0 else math.nan
-    else:
-        v = np.float64(m | 0x400) * _POW2[e]
-    if h & 0x8000:
-        v = -v
-    return np.float32(v)
-
-
-@njit(cache=True, inline="always")
-def _scale_min_k4(q, off, j):
-    """get_scale_min_k4(j, q + off) of ggml-quants.c -> (sc, m) as int32."""
-    if j < 4:
-        sc = np.int32(q[off + j]) & 63
-        mn = np.int32(q[off + j + 4]) & 63
-    else:
-        sc = (np.int32(q[off + j + 4]) & 0xF) | ((np.int32(q[off + j - 4]) >> 6) << 4)
-        mn = (np.int32(q[off + j + 4]) >> 4) | ((np.int32(q[off + j]) >> 6) << 4)
-    return sc, mn
 
 
 # ------------------------------------------------------------- activation quantization
@@ -196,7 +201,7 @@ def quantize_q8_0(x):
 # A product call multiplies M weight matrices of one type and shape (the experts of a
 # layer, or a single dense matrix) each with its own subset of the activation rows:
 # matrix m takes rows act_rows[act_start[m]:act_start[m + 1]] and writes output rows
-# act_start[m].. . The matrices are passed as addresses (see _u8_pointer), so one call --
+# act_start[m].. . The matrices are passed as addresses (see u8_pointer), so one call --
 # one parallel region -- covers them all. Work items are (matrix, 16 output rows), which
 # the `workers` threads take from a shared counter as they come free (on a shared machine a
 # thread the OS keeps waiting then holds up no fixed share of the work); each output
@@ -212,110 +217,34 @@ def quantize_q8_0(x):
 # The float work of a block (8 lane products and sums) is in the same loop, one rounding
 # per operation and lane, so vectorizing it does not change a bit.
 
-_LANES = 8
-_U = np.uint64
-_ROWS_PER_ITEM = 16
-
-
-@intrinsic
-def _u8_pointer(typingctx, address):
-    """int64 address -> uint8* for numba.carray. The caller keeps the memory alive (the
-    Python wrapper holds the arrays the addresses were taken from for the whole call)."""
-    if not isinstance(address, types.Integer):
-        return None
-    sig = types.CPointer(types.uint8)(address)
-
-    def codegen(context, builder, signature, args):
-        return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
-    return sig, codegen
-
-
-@intrinsic
-def _next_item(typingctx, counter):
-    """Atomically counter[0] += 1; returns the old value: the next work item to take."""
-    if not (isinstance(counter, types.Array) and counter.dtype == types.int64):
-        return None
-    sig = types.int64(counter)
-
-    def codegen(context, builder, signature, args):
-        ary = context.make_array(signature.args[0])(context, builder, args[0])
-        one = context.get_constant(types.int64, 1)
-        return builder.atomic_rmw("add", ary.data, one, "monotonic")
-    return sig, codegen
-
-
-@njit(cache=True, inline="always")
-def _take_item(taken, n_mat, per, act_start):
-    """The next work item off the shared counter: (matrix m, its activation rows a0:a1, first
-    output row r0), or m = -1 once all n_mat * per items are taken."""
-    item = _next_item(taken)
-    if item >= n_mat * per:
-        return -1, 0, 0, 0
-    m = item // per
-    return m, act_start[m], act_start[m + 1], (item - m * per) * _ROWS_PER_ITEM
-
-
-@njit(cache=True)
-def _most_rows(act_start):
-    """The most activation rows any one matrix takes."""
-    most = 0
-    for m in range(act_start.shape[0] - 1):
-        most = max(most, act_start[m + 1] - act_start[m])
-    return most
-
-
-@njit(cache=True)
-def _check_rows(n_act, act_rows, act_start):
-    """act_start non-decreasing from 0 to len(act_rows), every act_row in [0, n_act)."""
-    if act_start[0] != 0 or act_start[-1] != act_rows.shape[0]:
-        return False
-    for m in range(act_start.shape[0] - 1):
-        if act_start[m + 1] < act_start[m]:
-            return False
-    for a in range(act_rows.shape[0]):
-        if act_rows[a] < 0 or act_rows[a] >= n_act:
-            return False
-    return True
-
-
 @njit(cache=True, inline="always")
 def _block_q4_K(wr, i, d, qs, bsums, rows, lanes, scm, u, sums, sumf):
     """Super-block i of a Q4_K row wr, for activation rows `rows`: sums[s, l] += d * aux32[l];
     sumf[s] -= dmin * sumi (ggml_vec_dot_q4_K_q8_K_generic). The quants are unpacked into u
     once (a vectorized loop over the 32 bytes of each 64 values, `lanes` * 4 at run time),
     then used by every activation row."""
-    o = i * _Q4_K_BYTES
-    xd = _f16(wr[o], wr[o + 1])
-    xm = _f16(wr[o + 2], wr[o + 3])
+    o = i * Q4_K_BYTES
+    xd = f16(wr[o], wr[o + 1])
+    xm = f16(wr[o + 2], wr[o + 3])
     _scales_mins_k4(wr, o + 4, scm)
     for x in range(4 * lanes):
         for c in range(4):
-            b = wr[_U(o + 16 + 32 * c + x)]
-            u[_U(64 * c + x)] = b & 0xF
-            u[_U(64 * c + 32 + x)] = b >> 4
+            b = wr[U(o + 16 + 32 * c + x)]
+            u[U(64 * c + x)] = b & 0xF
+            u[U(64 * c + 32 + x)] = b >> 4
     for s in range(rows.shape[0]):
         j = rows[s]
         _lanes_unpacked(u, 32, qs[j], i * QK_K, scm, lanes, np.float32(xd * d[j, i]), sums, s)
-        _mins_term(xm, d[j, i], bsums[j], i, scm, sumf, s)
+        mins_term(xm, d[j, i], bsums[j], i, scm, sumf, s)
 
 
 @njit(cache=True, inline="always")
 def _scales_mins_k4(wr, off, scm):
     """The 8 6-bit scales (scm[0:8]) and mins (scm[8:16]) of a Q4_K/Q5_K super-block."""
     for g in range(8):
-        sc, mn = _scale_min_k4(wr, off, g)
+        sc, mn = scale_min_k4(wr, off, g)
         scm[g] = sc
         scm[8 + g] = mn
-
-
-@njit(cache=True, inline="always")
-def _mins_term(xm, yd, bsums_j, i, scm, sumf, s):
-    """sumf[s] -= dmin * sumi, sumi = sum_j bsums[j] * mins[j/2] (Q4_K and Q5_K)."""
-    sumi = np.int32(0)
-    for g in range(8):   # bsums[2g], bsums[2g + 1] share mins[g]
-        sumi += (np.int32(bsums_j[i * 16 + 2 * g]) + np.int32(bsums_j[i * 16 + 2 * g + 1])) * scm[8 + g]
-    dmin = np.float32(xm * yd)
-    sumf[s] = np.float32(sumf[s] - np.float32(dmin * np.float32(sumi)))
 
 
 @njit(cache=True, inline="always")
@@ -328,29 +257,29 @@ def _lanes_unpacked(u, group, y, yo, scm, lanes, dd, sums, s):
             p = np.int32(0)
             for m in range(group // 8):
                 x = group * g + 8 * m + l
-                p = np.int32(p + np.int32(np.int32(u[_U(x)]) * np.int32(y[_U(yo + x)])))
+                p = np.int32(p + np.int32(np.int32(u[U(x)]) * np.int32(y[U(yo + x)])))
             aux = np.int32(aux + np.int32(scm[g] * p))
-        sums[s, _U(l)] = np.float32(sums[s, _U(l)] + np.float32(dd * np.float32(aux)))
+        sums[s, U(l)] = np.float32(sums[s, U(l)] + np.float32(dd * np.float32(aux)))
 
 
 @njit(cache=True, inline="always")
 def _block_q5_K(wr, i, d, qs, bsums, rows, lanes, scm, u, sums, sumf):
     """Super-block i of a Q5_K row wr, for activation rows `rows`: as Q4_K, with a fifth bit
     per value from qh[x], bit 2c (low nibbles) or 2c + 1 (high nibbles) of chunk c."""
-    o = i * _Q5_K_BYTES
-    xd = _f16(wr[o], wr[o + 1])
-    xm = _f16(wr[o + 2], wr[o + 3])
+    o = i * Q5_K_BYTES
+    xd = f16(wr[o], wr[o + 1])
+    xm = f16(wr[o + 2], wr[o + 3])
     _scales_mins_k4(wr, o + 4, scm)
     for x in range(4 * lanes):
-        h = wr[_U(o + 16 + x)]
+        h = wr[U(o + 16 + x)]
         for c in range(4):
-            b = wr[_U(o + 48 + 32 * c + x)]
-            u[_U(64 * c + x)] = (b & 0xF) | (((h >> (2 * c)) & 1) << 4)
-            u[_U(64 * c + 32 + x)] = (b >> 4) | (((h >> (2 * c + 1)) & 1) << 4)
+            b = wr[U(o + 48 + 32 * c + x)]
+            u[U(64 * c + x)] = (b & 0xF) | (((h >> (2 * c)) & 1) << 4)
+            u[U(64 * c + 32 + x)] = (b >> 4) | (((h >> (2 * c + 1)) & 1) << 4)
     for s in range(rows.shape[0]):
         j = rows[s]
         _lanes_unpacked(u, 32, qs[j], i * QK_K, scm, lanes, np.float32(xd * d[j, i]), sums, s)
-        _mins_term(xm, d[j, i], bsums[j], i, scm, sumf, s)
+        mins_term(xm, d[j, i], bsums[j], i, scm, sumf, s)
 
 
 @njit(cache=True, inline="always")
@@ -360,19 +289,19 @@ def _block_q6_K(wr, i, d, qs, rows, lanes, scm, q6, sums):
     (ql[64h + x], ql[64h + 32 + x]) and of qh (qh[32h + x]) make the values 128h + 32t + x,
     t = 0..3, as (4 low bits | 2 high bits << 4) - 32; 16 consecutive values share a scale.
     Unpacked into q6 first, as Q4_K."""
-    o = i * _Q6_K_BYTES
-    xd = _f16(wr[o + 208], wr[o + 209])
+    o = i * Q6_K_BYTES
+    xd = f16(wr[o + 208], wr[o + 209])
     for g in range(16):
         scm[g] = np.int32(np.int8(wr[o + 192 + g]))
     for x in range(4 * lanes):
         for h in range(2):
-            a = wr[_U(o + 64 * h + x)]
-            b = wr[_U(o + 64 * h + 32 + x)]
-            qh = wr[_U(o + 128 + 32 * h + x)]
-            q6[_U(128 * h + x)] = ((a & 0xF) | ((qh & 3) << 4)) - 32
-            q6[_U(128 * h + 32 + x)] = ((b & 0xF) | (((qh >> 2) & 3) << 4)) - 32
-            q6[_U(128 * h + 64 + x)] = ((a >> 4) | (((qh >> 4) & 3) << 4)) - 32
-            q6[_U(128 * h + 96 + x)] = ((b >> 4) | (((qh >> 6) & 3) << 4)) - 32
+            a = wr[U(o + 64 * h + x)]
+            b = wr[U(o + 64 * h + 32 + x)]
+            qh = wr[U(o + 128 + 32 * h + x)]
+            q6[U(128 * h + x)] = ((a & 0xF) | ((qh & 3) << 4)) - 32
+            q6[U(128 * h + 32 + x)] = ((b & 0xF) | (((qh >> 2) & 3) << 4)) - 32
+            q6[U(128 * h + 64 + x)] = ((a >> 4) | (((qh >> 4) & 3) << 4)) - 32
+            q6[U(128 * h + 96 + x)] = ((b >> 4) | (((qh >> 6) & 3) << 4)) - 32
     for s in range(rows.shape[0]):
         j = rows[s]
         _lanes_unpacked(q6, 16, qs[j], i * QK_K, scm, lanes, np.float32(xd * d[j, i]), sums, s)
@@ -385,37 +314,26 @@ def matmul_kquant(ptrs, n_rows, row_bytes, qtype, d, qs, bsums, act_rows, act_st
     One kernel for the three: they differ only in how a super-block is read (Q6_K has no
     mins, so bsums is unused for it)."""
     n_mat = ptrs.shape[0]
-    n, k = qs.shape
-    nb = k // QK_K
-    if qtype == Q4_K:
-        bb = _Q4_K_BYTES
-    elif qtype == Q5_K:
-        bb = _Q5_K_BYTES
-    elif qtype == Q6_K:
-        bb = _Q6_K_BYTES
-    else:
-        raise ValueError("matmul_kquant: not a k-quant type")
-    if (k % QK_K != 0 or row_bytes != nb * bb or d.shape != (n, nb) or bsums.shape != (n, nb * 16)
-            or lanes != _LANES or act_start.shape[0] != n_mat + 1 or not _check_rows(n, act_rows, act_start)):
-        raise ValueError("matmul_kquant: shape mismatch")
+    kquant_block_bytes(qtype, row_bytes, d, qs, bsums, act_rows, act_start, lanes, n_mat)
+    nb = qs.shape[1] // QK_K
     out = np.empty((act_rows.shape[0], n_rows), np.float32)
-    per = (n_rows + _ROWS_PER_ITEM - 1) // _ROWS_PER_ITEM
-    most = _most_rows(act_start)
+    per = (n_rows + ROWS_PER_ITEM - 1) // ROWS_PER_ITEM
+    most = most_rows(act_start)
     taken = np.zeros(1, np.int64)
     for _ in prange(workers):
-        sums = np.empty((most, _LANES), np.float32)   # C: sums[8] of each output
+        sums = np.empty((most, LANES), np.float32)   # C: sums[8] of each output
         sumf = np.empty(most, np.float32)             # C: sumf
         scm = np.empty(16, np.int32)                  # one super-block's scales (and mins)
         u = np.empty(QK_K, np.uint8)                  # one super-block's Q4_K/Q5_K quants
         q6 = np.empty(QK_K, np.int8)                  # one super-block's Q6_K quants
         while True:
-            m, a0, a1, r0 = _take_item(taken, n_mat, per, act_start)
+            m, a0, a1, r0 = take_item(taken, n_mat, per, act_start)
             if m < 0:
                 break
             cnt = a1 - a0
             rows = act_rows[a0:a1]
-            w = numba.carray(_u8_pointer(ptrs[m]), (n_rows, row_bytes))
-            for r in range(r0, min(n_rows, r0 + _ROWS_PER_ITEM)):
+            w = numba.carray(u8_pointer(ptrs[m]), (n_rows, row_bytes))
+            for r in range(r0, min(n_rows, r0 + ROWS_PER_ITEM)):
                 wr = w[r]
                 sums[:cnt] = 0
                 sumf[:cnt] = 0
@@ -426,11 +344,7 @@ def matmul_kquant(ptrs, n_rows, row_bytes, qtype, d, qs, bsums, act_rows, act_st
                         _block_q5_K(wr, i, d, qs, bsums, rows, lanes, scm, u, sums, sumf)
                     else:
                         _block_q6_K(wr, i, d, qs, rows, lanes, scm, q6, sums)
-                for s in range(cnt):
-                    acc = sumf[s]
-                    for l in range(_LANES):
-                        acc = np.float32(acc + sums[s, l])
-                    out[a0 + s, r] = acc
+                sum_lanes(sums, sumf, cnt, out, a0, r)
     return out
 
 
@@ -441,31 +355,31 @@ def matmul_q8_0(ptrs, n_rows, row_bytes, d, qs, act_rows, act_start, lanes, work
     n_mat = ptrs.shape[0]
     n, k = qs.shape
     nb = k // QK8_0
-    if (k % QK8_0 != 0 or row_bytes != nb * _Q8_0_BYTES or d.shape != (n, nb) or lanes != _LANES
-            or act_start.shape[0] != n_mat + 1 or not _check_rows(n, act_rows, act_start)):
+    if (k % QK8_0 != 0 or row_bytes != nb * Q8_0_BYTES or d.shape != (n, nb) or lanes != LANES
+            or act_start.shape[0] != n_mat + 1 or not check_rows(n, act_rows, act_start)):
         raise ValueError("matmul_q8_0: shape mismatch")
     out = np.empty((act_rows.shape[0], n_rows), np.float32)
-    per = (n_rows + _ROWS_PER_ITEM - 1) // _ROWS_PER_ITEM
+    per = (n_rows + ROWS_PER_ITEM - 1) // ROWS_PER_ITEM
     taken = np.zeros(1, np.int64)
     for _ in prange(workers):
         while True:
-            m, a0, a1, r0 = _take_item(taken, n_mat, per, act_start)
+            m, a0, a1, r0 = take_item(taken, n_mat, per, act_start)
             if m < 0:
                 break
-            w = numba.carray(_u8_pointer(ptrs[m]), (n_rows, row_bytes))
-            for r in range(r0, min(n_rows, r0 + _ROWS_PER_ITEM)):
+            w = numba.carray(u8_pointer(ptrs[m]), (n_rows, row_bytes))
+            for r in range(r0, min(n_rows, r0 + ROWS_PER_ITEM)):
                 wr = w[r]
                 for s in range(a1 - a0):
                     j = act_rows[a0 + s]
                     y = qs[j]
                     sumf = np.float32(0.0)
                     for i in range(nb):
-                        o = i * _Q8_0_BYTES
+                        o = i * Q8_0_BYTES
                         sumi = np.int32(0)
                         for x in range(4 * lanes):   # the block's 32 products: a vectorized reduction
-                            sumi = np.int32(sumi + np.int32(np.int32(np.int8(wr[_U(o + 2 + x)]))
-                                                            * np.int32(y[_U(i * QK8_0 + x)])))
-                        xd = _f16(wr[o], wr[o + 1])
+                            sumi = np.int32(sumi + np.int32(np.int32(np.int8(wr[U(o + 2 + x)]))
+                                                            * np.int32(y[U(i * QK8_0 + x)])))
+                        xd = f16(wr[o], wr[o + 1])
                         sumf = np.float32(sumf + np.float32(np.float32(sumi) * np.float32(xd * d[j, i])))
                     out[a0 + s, r] = sumf
     return out
@@ -479,18 +393,18 @@ def matmul_f32(ptrs, n_rows, row_bytes, x, act_rows, act_start, workers):
     advance together (independent chains) for throughput; that does not change any chain."""
     n_mat = ptrs.shape[0]
     n, k = x.shape
-    if row_bytes != 4 * k or act_start.shape[0] != n_mat + 1 or not _check_rows(n, act_rows, act_start):
+    if row_bytes != 4 * k or act_start.shape[0] != n_mat + 1 or not check_rows(n, act_rows, act_start):
         raise ValueError("matmul_f32: shape mismatch")
     out = np.empty((act_rows.shape[0], n_rows), np.float32)
-    per = (n_rows + _ROWS_PER_ITEM - 1) // _ROWS_PER_ITEM
+    per = (n_rows + ROWS_PER_ITEM - 1) // ROWS_PER_ITEM
     taken = np.zeros(1, np.int64)
     for _ in prange(workers):
         while True:
-            m, a0, a1, r0 = _take_item(taken, n_mat, per, act_start)
+            m, a0, a1, r0 = take_item(taken, n_mat, per, act_start)
             if m < 0:
                 break
-            w = numba.carray(_u8_pointer(ptrs[m]), (n_rows, row_bytes)).view(np.float32)
-            r1 = min(n_rows, r0 + _ROWS_PER_ITEM)
+            w = numba.carray(u8_pointer(ptrs[m]), (n_rows, row_bytes)).view(np.float32)
+            r1 = min(n_rows, r0 + ROWS_PER_ITEM)
             for s in range(a1 - a0):
                 xj = x[act_rows[a0 + s]]
                 r = r0
@@ -529,12 +443,12 @@ def matmul_f32(ptrs, n_rows, row_bytes, x, act_rows, act_start, workers):
 @njit(cache=True, parallel=True)
 def _dequant_q8_0(w):
     rows = w.shape[0]
-    nb = w.shape[1] // _Q8_0_BYTES
+    nb = w.shape[1] // Q8_0_BYTES
     out = np.empty((rows, nb * QK8_0), np.float32)
     for r in prange(rows):
         for i in range(nb):
-            o = i * _Q8_0_BYTES
-            dd = _f16(w[r, o], w[r, o + 1])
+            o = i * Q8_0_BYTES
+            dd = f16(w[r, o], w[r, o + 1])
             for l in range(QK8_0):
                 out[r, i * QK8_0 + l] = np.float32(np.float32(np.int8(w[r, o + 2 + l])) * dd)
     return out
@@ -543,18 +457,18 @@ def _dequant_q8_0(w):
 @njit(cache=True, parallel=True)
 def _dequant_q45_K(w, five):
     rows = w.shape[0]
-    bpb = _Q5_K_BYTES if five else _Q4_K_BYTES
+    bpb = Q5_K_BYTES if five else Q4_K_BYTES
     nb = w.shape[1] // bpb
     out = np.empty((rows, nb * QK_K), np.float32)
     for r in prange(rows):
         for i in range(nb):
             o = i * bpb
-            dd = _f16(w[r, o], w[r, o + 1])
-            dm = _f16(w[r, o + 2], w[r, o + 3])
+            dd = f16(w[r, o], w[r, o + 1])
+            dm = f16(w[r, o + 2], w[r, o + 3])
             qo = o + (48 if five else 16)
             for c in range(4):
-                sc0, m0 = _scale_min_k4(w[r], o + 4, 2 * c)
-                sc1, m1 = _scale_min_k4(w[r], o + 4, 2 * c + 1)
+                sc0, m0 = scale_min_k4(w[r], o + 4, 2 * c)
+                sc1, m1 = scale_min_k4(w[r], o + 4, 2 * c + 1)
                 d1 = np.float32(dd * np.float32(sc0))
                 mm1 = np.float32(dm * np.float32(m0))
                 d2 = np.float32(dd * np.float32(sc1))
@@ -576,12 +490,12 @@ def _dequant_q45_K(w, five):
 @njit(cache=True, parallel=True)
 def _dequant_q6_K(w):
     rows = w.shape[0]
-    nb = w.shape[1] // _Q6_K_BYTES
+    nb = w.shape[1] // Q6_K_BYTES
     out = np.empty((rows, nb * QK_K), np.float32)
     for r in prange(rows):
         for i in range(nb):
-            o = i * _Q6_K_BYTES
-            dd = _f16(w[r, o + 208], w[r, o + 209])
+            o = i * Q6_K_BYTES
+            dd = f16(w[r, o + 208], w[r, o + 209])
             for half in range(2):
                 ql = o + 64 * half
                 qh = o + 128 + 32 * half
@@ -654,13 +568,13 @@ _QUANTIZE = {Q8_K: quantize_q8_K, Q8_0: quantize_q8_0, F32: lambda x: (x,)}
 
 def _kquant(qtype: int):
     def kernel(ptrs, n_rows, row_bytes, act_rows, act_start, d, qs, bsums):
-        return matmul_kquant(ptrs, n_rows, row_bytes, qtype, d, qs, bsums, act_rows, act_start, _LANES,
-                             get_threads())
+        return (_path["kquant"] or matmul_kquant)(ptrs, n_rows, row_bytes, qtype, d, qs, bsums, act_rows,
+                                                   act_start, LANES, get_threads())
     return kernel
 
 
 def _q8_0(ptrs, n_rows, row_bytes, act_rows, act_start, d, qs):
-    return matmul_q8_0(ptrs, n_rows, row_bytes, d, qs, act_rows, act_start, _LANES, get_threads())
+    return matmul_q8_0(ptrs, n_rows, row_bytes, d, qs, act_rows, act_start, LANES, get_threads())
 
 
 def _f32(ptrs, n_rows, row_bytes, act_rows, act_start, x):

@@ -35,12 +35,15 @@ class Options:
     # generate() returns every position's logits; False: only what sampling needs (at a
     # 248k-token vocabulary a 4096-token prompt's logits alone are 4 GB)
     keep_logits: bool = True
+    # the k-quant kernels (engine/kernels.py): "auto", "portable" or "avx2"; same bits on each
+    kernels: str = "auto"
 
 
 class Engine:
     def __init__(self, model_path: str, options: Options | None = None):
         self.options = options or Options()
         kernels.set_threads(self.options.threads)
+        kernels.set_kernel_path(self.options.kernels)
         self.gm = GGUFModel(model_path)
         self.tokenizer = self.gm.tokenizer
         self.experts: ExpertStore

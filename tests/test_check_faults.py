@@ -19,12 +19,16 @@ pytestmark = pytest.mark.usefixtures("built_engine")
 # ----------------------------------------------------------------- kernel layer
 
 def test_kernel_catches_wrong_q6k_scale(tmp_path, tiny_model):
-    """Q6_K products 0.2% too large: the Q6_K experts fail, the Q5_K ones pass."""
+    """Q6_K products 0.2% too large (on every kernel path): the Q6_K experts fail, the Q5_K
+    ones pass."""
     cmd = broken_engine(tmp_path, """
         import engine.kernels as K
-        good = K.matmul_kquant
-        K.matmul_kquant = lambda ptrs, n_rows, row_bytes, qtype, *rest: (
-            good(ptrs, n_rows, row_bytes, qtype, *rest) * np.float32(1.002 if qtype == K.Q6_K else 1.0))
+        import engine.kernels_avx2 as A
+
+        def broken(good):
+            return lambda ptrs, n_rows, row_bytes, qtype, *rest: (
+                good(ptrs, n_rows, row_bytes, qtype, *rest) * np.float32(1.002 if qtype == K.Q6_K else 1.0))
+        K.matmul_kquant, A.matmul_kquant = broken(K.matmul_kquant), broken(A.matmul_kquant)
     """)
     rc, rep = run_check(tmp_path, tiny_model, cmd, "--suites", "kernel",
                         "--set", "kernel.pairs=[[0, 0], [1, 7]]")

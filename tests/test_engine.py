@@ -5,6 +5,7 @@ bad-input refusals."""
 from __future__ import annotations
 
 import json
+import os
 import struct
 import subprocess
 import sys
@@ -20,8 +21,8 @@ from epmci.synth.writer import calibration_tokens
 from epmci.reference.model import ReferenceModel
 
 
-def resident(path, threads=1, batch=8):
-    return Engine(str(path), Options(n_ctx=128, threads=threads, batch=batch, pager=False))
+def resident(path, threads=1, batch=8, kernels="auto"):
+    return Engine(str(path), Options(n_ctx=128, threads=threads, batch=batch, pager=False, kernels=kernels))
 
 
 @pytest.mark.parametrize("preset,n_tokens", [("tiny", 24), ("ci", 24)])
@@ -46,12 +47,13 @@ def test_moe_layers_and_logits_match_reference(preset, n_tokens, request):
     assert err == 0.0, f"logits max abs error {err}"
 
 
-def test_micro_batch_size_and_threads_do_not_change_a_bit(ci_model):
+def test_micro_batch_size_threads_and_kernels_do_not_change_a_bit(ci_model):
     tokens = calibration_tokens(PRESETS["ci"], 0)[:20]
     a = resident(ci_model, threads=1, batch=20).eval(tokens)
     b = resident(ci_model, threads=2, batch=7).eval(tokens)
     c = resident(ci_model, threads=2, batch=1).eval(tokens)
-    assert a.tobytes() == b.tobytes() == c.tobytes()
+    d = resident(ci_model, threads=2, batch=7, kernels="portable").eval(tokens)
+    assert a.tobytes() == b.tobytes() == c.tobytes() == d.tobytes()
 
 
 def test_decode_rows_equal_prefill_rows(tiny_model):
@@ -76,14 +78,41 @@ def read_logits(path):
     return np.frombuffer(b, dtype="<f4", offset=4).reshape(-1, n)
 
 
-def test_cli_threads_and_runs_give_byte_identical_logits(ci_model, tmp_path):
+def test_cli_threads_kernels_and_runs_give_byte_identical_logits(ci_model, tmp_path):
+    """Runs, thread counts and kernel paths (the portable fallback forced by --kernels or
+    SDQ_KERNELS, and auto: the fastest this CPU runs) give the same bytes."""
     outs = []
-    for i, t in enumerate((1, 2, 2)):
+    for i, (t, kernels) in enumerate(((1, "auto"), (2, "auto"), (2, "auto"), (1, "portable"), (2, "env"))):
         out = tmp_path / f"l{i}.bin"
-        run_cli("-m", ci_model, "-p", "The capital of France is", "-n", 6, "-t", t, "--no-chat",
-                "--no-pager", "--dump-logits", "--logits-out", out, "--stats-file", tmp_path / "s.jsonl")
+        extra = [] if kernels == "env" else ["--kernels", kernels]
+        r = subprocess.run([sys.executable, "-m", "engine", "-m", str(ci_model), "-p", "The capital of France is",
+                            "-n", "6", "-t", str(t), "--no-chat", "--no-pager", "--dump-logits", "--logits-out",
+                            str(out), *extra], capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "SDQ_KERNELS": "portable"})
+        assert r.returncode == 0, r.stderr
         outs.append(out.read_bytes())
-    assert outs[0] == outs[1] == outs[2]
+    assert len(set(outs)) == 1
+
+
+@pytest.mark.parametrize("how", ["flag", "env", "cpu"])
+def test_cli_kernel_path_it_cannot_use_is_one_line_exit_2(how, tiny_model):
+    """A misspelled path, or one this CPU (here: numba told to compile for a generic CPU)
+    cannot run, is refused before anything is computed."""
+    args = [sys.executable, "-m", "engine", "-m", str(tiny_model), "-p", "hi", "-n", "1", "--no-pager"]
+    env = dict(os.environ)
+    if how == "flag":
+        args += ["--kernels", "avx3"]
+    elif how == "env":
+        env["SDQ_KERNELS"] = "avx3"
+    else:
+        args += ["--kernels", "avx2"]
+        env["NUMBA_CPU_NAME"] = "generic"
+    r = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    want = {"flag": "--kernels: invalid choice: 'avx3'", "env": "SDQ_KERNELS: kernel path 'avx3'",
+            "cpu": "--kernels: kernel path 'avx2': this CPU (or NUMBA_CPU_NAME) does not allow it"}[how]
+    assert len(lines) == 1 and want in lines[0], r.stderr
 
 
 def test_cli_outputs_and_stats(tiny_model, tmp_path):

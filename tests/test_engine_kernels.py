@@ -26,6 +26,36 @@ ALL_MM = [T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, T.F32]
 BPB = {t: GGML_QUANT_SIZES[t] for t in QTYPES}
 
 
+@pytest.fixture(params=K.KERNEL_PATHS)
+def kernel_path(request):
+    """Each k-quant kernel path in turn (the portable one is also every CPU's fallback)."""
+    if request.param not in K.available_paths():
+        pytest.skip(f"this CPU cannot run the {request.param} kernels")
+    old = K.kernel_path()
+    K.set_kernel_path(request.param)
+    yield request.param
+    K.set_kernel_path(old)
+
+
+def test_kernel_paths_are_chosen_by_the_cpu(monkeypatch):
+    """auto takes the fastest path the CPU runs; a path it cannot run, or no path at all, is
+    a ValueError naming it -- never a kernel that dies on an illegal instruction."""
+    old = K.kernel_path()
+    try:
+        assert K.set_kernel_path("auto") == K.available_paths()[-1]
+        assert K.set_kernel_path("portable") == "portable" == K.kernel_path()
+        with pytest.raises(ValueError, match="'avx3'.*expected auto or one of portable, avx2"):
+            K.set_kernel_path("avx3")
+        with monkeypatch.context() as m:
+            m.setattr(K.numba.config, "CPU_NAME", "generic")   # numba not compiling for this host
+            assert K.available_paths() == ("portable",)
+            assert K.set_kernel_path("auto") == "portable"
+            with pytest.raises(ValueError, match="'avx2'.*available: portable"):
+                K.set_kernel_path("avx2")
+    finally:
+        K.set_kernel_path(old)
+
+
 def test_qtype_table_is_ggmls_and_the_loaders():
     """One table of the engine's types: gguf-py's block sizes, ggml-cpu's vec_dot types,
     and exactly the types the loader accepts."""
@@ -260,7 +290,7 @@ def _activations(rng, n, k):
 
 @pytest.mark.parametrize("qtype", ALL_MM)
 @pytest.mark.parametrize("n", [1, 5])
-def test_matmul_bit_exact_vs_c_order_emulation(qtype, n):
+def test_matmul_bit_exact_vs_c_order_emulation(qtype, n, kernel_path):
     rng = np.random.default_rng(10 * int(qtype) + n)
     k = 768
     w = rand_weights(rng, qtype, 45, k)
@@ -269,6 +299,30 @@ def test_matmul_bit_exact_vs_c_order_emulation(qtype, n):
     assert got.dtype == np.float32 and got.shape == (n, 45)
     exp = emulate_c_matmul(w, qtype, x)
     assert np.array_equal(_bits(got), _bits(exp))
+
+
+@pytest.mark.parametrize("qtype", ALL_MM)
+def test_extreme_quants_do_not_saturate(qtype, kernel_path):
+    """Every quant at its largest or smallest value against activations at +-127: the sums a
+    SIMD path forms in 16 bits (vpmaddubsw saturates) must still be the C's exact integers."""
+    k, rows = 512, 16
+    w = rand_weights(np.random.default_rng(70), qtype, rows, k)
+    if qtype != T.F32:
+        bs, ts = BPB[qtype]
+        blocks = w.reshape(rows, k // bs, ts)
+        keep = {T.Q8_0: slice(0, 2), T.Q4_K: slice(0, 4), T.Q5_K: slice(0, 4), T.Q6_K: slice(208, 210)}[qtype]
+        for r in range(rows):   # quants (and 6-bit scales) all ones, or all zeros, per row
+            f16 = blocks[r, :, keep].copy()
+            blocks[r] = 0xFF if r % 2 else 0x00
+            blocks[r, :, keep] = f16
+        if qtype == T.Q8_0:
+            blocks[2::4, :, 2:] = 0x80   # int8 -128
+            blocks[3::4, :, 2:] = 0x7F
+    signs = np.array([[1], [-1]], np.float32)
+    x = np.concatenate([np.ones((2, k), np.float32) * signs,
+                        np.where(np.arange(k) % 2, 1.0, -1.0).astype(np.float32)[None]])
+    got = K.matmul(w, qtype, x)
+    assert np.array_equal(_bits(got), _bits(emulate_c_matmul(w, qtype, x)))
 
 
 def _deq_activation(qtype, x):
@@ -312,7 +366,7 @@ def test_matmul_accuracy_vs_float64(qtype):
 
 
 @pytest.mark.parametrize("qtype", ALL_MM)
-def test_thread_count_determinism(qtype):
+def test_thread_count_determinism(qtype, kernel_path):
     rng = np.random.default_rng(30 + int(qtype))
     k, rows, n = 512, 100, 7  # rows not a multiple of the chunk size
     w = rand_weights(rng, qtype, rows, k)
@@ -352,11 +406,11 @@ def test_activation_quantized_once_serves_every_matrix_and_row_subset():
 
 @pytest.mark.parametrize("qtype", ALL_MM)
 @pytest.mark.parametrize("finite_any", [False, True])
-def test_kernels_are_bit_identical_to_the_pinned_kernels(qtype, finite_any):
-    """The kernels rewritten for speed give the bits of the kernels before the rewrite
-    (tests/pinned_kernels.py) on random weights of every type -- any finite f16 scale too --
-    and odd shapes: row counts around the 16-row work items, one to 13 activation rows,
-    1 to 9 blocks, at 1 and 2 threads."""
+def test_kernels_are_bit_identical_to_the_pinned_kernels(qtype, finite_any, kernel_path):
+    """The kernels rewritten for speed, on every kernel path, give the bits of the kernels
+    before the rewrite (tests/pinned_kernels.py) on random weights of every type -- any
+    finite f16 scale too -- and odd shapes: row counts around the 16-row work items, one to
+    13 activation rows, 1 to 9 blocks, at 1 and 2 threads."""
     import pinned_kernels as OLD
     rng = np.random.default_rng(60 + int(qtype) + 100 * finite_any)
     bs = 1 if qtype == T.F32 else BPB[qtype][0]
@@ -394,7 +448,7 @@ def test_bad_shapes_and_types_are_value_errors():
 # ----------------------------------------------------------------- vs the reference engine
 
 @pytest.mark.parametrize("qtype", ALL_MM)
-def test_matches_reference_bit_for_bit(qtype):
+def test_matches_reference_bit_for_bit(qtype, kernel_path):
     from epmci.reference import quants as R
     rng = np.random.default_rng(50 + int(qtype))
     k = 768
