@@ -16,6 +16,10 @@ on all settings alike. Figures are medians; ratios are of medians measured in th
   a third of the file (the limit counts the page cache; the model's pages are dropped
   before each run), arena 55 % of the cap, --ram-budget-mb the cap (bench/headline.py's
   setup). Needs root and /sys/fs/cgroup/memory; otherwise the row says why it is missing.
+  Beside it, every round, the disk probe (epmci.perf.speed.disk_mib_s: the engine's expert
+  windows, O_DIRECT) gives the disk's limit for the bytes the paged decode reads per token.
+* --kernels portable,auto runs each engine row once per kernel path (before/after a kernel
+  change, in the same rounds).
 
 The prompt is bench/headline.py's, `--prompt-repeat` times (prefill needs more than a
 handful of tokens to measure), without the chat template.
@@ -39,6 +43,7 @@ from headline import (CGROUP_ROOT, ENGINE_CTX, LLAMA_SCRIPT, PROMPT, REPO, Memor
 from epmci.contract.bundled import ARGV as BUNDLED_ARGV  # noqa: E402
 from epmci.contract.outputs import read_stats  # noqa: E402
 from epmci.contract.runspec import STATS_FILE, RunSpec  # noqa: E402
+from epmci.perf.speed import disk_mib_s  # noqa: E402
 
 MiB = 1 << 20
 
@@ -77,13 +82,18 @@ def engine_run(model: str, prompt: str, threads: int, a, cap: MemoryCap | None =
         if r.returncode != 0:
             return {"error": f"exit {r.returncode}: {r.stderr.strip()[-300:]}"}
         recs = {s["phase"]: s for s in read_stats(Path(td) / STATS_FILE)}
-        return {"prefill_tok_s": recs["prefill"]["tok_s"], "decode_tok_s": recs["decode"]["tok_s"],
+        dec = recs["decode"]
+        paged = {} if cap is None else {
+            "decode_read_mib_per_token": dec["ssd_bytes_per_token"] / MiB,
+            "decode_io_wait_share": dec["io_wait_s"] / dec["seconds"] if dec["seconds"] > 0 else None}
+        return {**paged, "prefill_tok_s": recs["prefill"]["tok_s"], "decode_tok_s": dec["tok_s"],
                 "prompt_tokens": recs["prefill"]["tokens"], "decode_tokens": recs["decode"]["tokens"]}
 
 
 def llama_run(model: str, prompt: str, threads: int, a) -> dict:
     try:
-        r = subprocess.run([sys.executable, "-c", LLAMA_SCRIPT, model, prompt, str(a.n_predict), str(threads)],
+        # "1": llama.cpp's default repacked weights, its fastest resident setup
+        r = subprocess.run([sys.executable, "-c", LLAMA_SCRIPT, model, prompt, str(a.n_predict), str(threads), "1"],
                            capture_output=True, text=True, timeout=a.timeout)
     except subprocess.TimeoutExpired:
         return {"error": f"timeout after {a.timeout}s"}
@@ -150,6 +160,9 @@ def main() -> int:
     else:
         cap = MemoryCap(int(os.path.getsize(a.model) / 3))
         settings["paged engine -t 2, cap 1/3"] = lambda: engine_run(a.model, prompt, 2, a, cap, kernels=paths[-1])
+        # the disk's limit for the paged row: its reads (expert windows, O_DIRECT, the engine's
+        # 4 reader threads), probed in every round beside it
+        settings["disk probe"] = lambda: {"disk_mib_s": disk_mib_s(a.model)["mb_per_s"]}
     runs: dict[str, list[dict]] = {name: [] for name in settings}
     warm_page_cache(a.model)
     try:
@@ -162,7 +175,9 @@ def main() -> int:
     finally:
         if cap is not None:
             cap.close()
-    med = {name: {k: median(rs, k) for k in ("prefill_tok_s", "decode_tok_s")} for name, rs in runs.items()}
+    med = {name: {k: median(rs, k) for k in ("prefill_tok_s", "decode_tok_s", "decode_read_mib_per_token",
+                                              "decode_io_wait_share", "disk_mib_s")}
+           for name, rs in runs.items()}
     ntok = next((r["prompt_tokens"] for rs in runs.values() for r in rs if "prompt_tokens" in r), None)
     loads = [r["load_avg_1min"] for rs in runs.values() for r in rs]
     print(f"model {a.model}; prompt {ntok} tokens, {a.n_predict} generated; median of {a.repeat} "
@@ -170,6 +185,8 @@ def main() -> int:
     print("| setting | prefill tok/s | decode tok/s | runs ok |")
     print("|---|---:|---:|---:|")
     for name, rs in runs.items():
+        if name == "disk probe":
+            continue
         ok = sum("decode_tok_s" in r for r in rs)
         m = med[name]
         if not ok:
@@ -203,6 +220,13 @@ def main() -> int:
     p, e2 = med.get("paged engine -t 2, cap 1/3"), med.get(engine_name(2, paths[-1]))
     if p and e2 and p["decode_tok_s"] and e2["decode_tok_s"]:
         ratios["decode -t 2: paged (cap 1/3) / resident"] = p["decode_tok_s"] / e2["decode_tok_s"]
+    disk = med.get("disk probe")
+    if p and p["decode_read_mib_per_token"] and disk and disk["disk_mib_s"]:
+        limit = disk["disk_mib_s"] / p["decode_read_mib_per_token"]
+        print(f"paged decode reads {p['decode_read_mib_per_token']:.1f} MiB/token, waits for reads "
+              f"{100 * p['decode_io_wait_share']:.0f} % of the time; the disk reads {disk['disk_mib_s']:.0f} MiB/s "
+              f"(expert windows, O_DIRECT): at most {limit:.2f} tok/s")
+        ratios["decode -t 2: paged (cap 1/3) / the disk's limit for its reads"] = p["decode_tok_s"] / limit
     for k, v in ratios.items():
         print(f"{k}: {v:.3f}x")
     if a.out:

@@ -75,11 +75,12 @@ _path = {"name": "portable", "kquant": None}
 
 
 def available_paths() -> tuple[str, ...]:
-    """The kernel paths this CPU runs, slowest first. AVX2 needs the feature and numba
-    compiling for this host (NUMBA_CPU_NAME unset or "host")."""
+    """The kernel paths this CPU runs, slowest first. AVX2 needs AVX2 and F16C (the f16
+    scales) and numba compiling for this host (NUMBA_CPU_NAME unset or "host")."""
     from llvmlite import binding
     host = numba.config.CPU_NAME in (None, "host")
-    return ("portable", "avx2") if host and binding.get_host_cpu_features().get("avx2") else ("portable",)
+    features = binding.get_host_cpu_features()
+    return ("portable", "avx2") if host and features.get("avx2") and features.get("f16c") else ("portable",)
 
 
 def set_kernel_path(name: str) -> str:

@@ -36,40 +36,45 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .kernel_parts import (LANES, ROWS_PER_ITEM, U, f16, kquant_block_bytes, mins_term, most_rows, sum_lanes,
-                           take_item, u8_pointer)
-from .qtypes import Q4_K, Q6_K, QK_K
+from .kernel_parts import (LANES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, ROWS_PER_ITEM, U, f16, kquant_block_bytes,
+                           mins_term, most_rows, sum_lanes, take_item, u8_pointer)
+from .qtypes import Q4_K, Q5_K, Q6_K, QK_K
 
-_I8 = ir.IntType(8)
-_I16 = ir.IntType(16)
-_I32 = ir.IntType(32)
+_I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
+_F32 = ir.FloatType()
 _V32I8 = ir.VectorType(_I8, 32)
 _V16I16 = ir.VectorType(_I16, 16)
 _V8I32 = ir.VectorType(_I32, 8)
+_V8F32 = ir.VectorType(_F32, 8)
 # byte 4l + M of a lane-major chunk is value 8M + l of ggml's order
 _LANE_MAJOR = ir.Constant(ir.VectorType(_I32, 32), [8 * (j % 4) + j // 4 for j in range(32)])
+_BLOCK_BYTES = {Q4_K: Q4_K_BYTES, Q5_K: Q5_K_BYTES, Q6_K: Q6_K_BYTES}
 
+
+# ----------------------------------------------------------------- IR pieces
 
 def _splat(ty, v):
     return ir.Constant(ty, [v] * ty.count)
 
 
-def _at(context, builder, aryty, ary, offset, vecty):
-    """Pointer to a vector of type vecty at element `offset` of a 1-D array."""
-    data = context.make_array(aryty)(context, builder, ary).data
-    return builder.bitcast(builder.gep(data, [offset]), vecty.as_pointer())
+def _idx(*v):
+    return ir.Constant(ir.VectorType(_I32, len(v)), list(v))
 
 
-def _load(builder, ptr):
-    return builder.load(ptr, align=1)
+def _data(context, builder, aryty, ary):
+    """An array's data as i8*."""
+    return builder.bitcast(context.make_array(aryty)(context, builder, ary).data, _I8.as_pointer())
 
 
-def _store(builder, v, ptr):
-    builder.store(v, ptr).align = 1
+def _load(builder, base, byte_offset, ty):
+    """The value of type ty at base + byte_offset (i8* base; unaligned)."""
+    off = byte_offset if isinstance(byte_offset, ir.Value) else ir.Constant(ir.IntType(64), byte_offset)
+    return builder.load(builder.bitcast(builder.gep(base, [off]), ty.as_pointer()), align=1)
 
 
-def _lane_major(builder, v):
-    return builder.shuffle_vector(v, ir.Constant(_V32I8, None), _LANE_MAJOR)
+def _store(builder, v, base, byte_offset):
+    off = ir.Constant(ir.IntType(64), byte_offset)
+    builder.store(v, builder.bitcast(builder.gep(base, [off]), v.type.as_pointer())).align = 1
 
 
 def _x86(builder, name, ret, *args):
@@ -77,128 +82,227 @@ def _x86(builder, name, ret, *args):
     return builder.call(fn, args)
 
 
-def _is_u8_array(t):
+def _f16(builder, blk, off):
+    """The f16 at blk + off as float32, exactly as kernel_parts.f16 (a NaN is the quiet NaN
+    0x7FC00000 with the f16's sign, whatever its payload)."""
+    h = _load(builder, blk, off, _I16)
+    f = builder.fpext(builder.bitcast(h, ir.HalfType()), _F32)
+    sign = builder.shl(builder.zext(builder.and_(h, ir.Constant(_I16, 0x8000)), _I32), ir.Constant(_I32, 16))
+    nan = builder.bitcast(builder.or_(sign, ir.Constant(_I32, 0x7FC00000)), _F32)
+    return builder.select(builder.fcmp_unordered("uno", f, f), nan, f)
+
+
+def _lane_major(builder, blk, off):
+    return builder.shuffle_vector(_load(builder, blk, off, _V32I8), ir.Constant(_V32I8, None), _LANE_MAJOR)
+
+
+def _quant_chunks(builder, qtype, blk):
+    """A super-block's 256 quants as 8 lane-major chunks of 32 (values 32T..32T + 31),
+    unsigned: Q4_K 0..15, Q5_K 0..31, Q6_K q + 32 = 0..63."""
+    b = builder
+    low4 = _splat(_V32I8, 0x0F)
+    shr = lambda v, n: b.lshr(v, _splat(_V32I8, n))
+    if qtype == Q4_K:
+        out = []
+        for c in range(4):   # 32 packed bytes: values 64c + x (low nibble), 64c + 32 + x (high)
+            q = _lane_major(b, blk, 16 + 32 * c)
+            out += [b.and_(q, low4), shr(q, 4)]
+        return out
+    if qtype == Q5_K:        # the fifth bit of 64c + x is bit 2c of qh[x], of 64c + 32 + x bit 2c + 1
+        qh = _lane_major(b, blk, 16)
+        zero, sixteen = _splat(_V32I8, 0), _splat(_V32I8, 16)
+        out = []
+        for c in range(4):
+            q = _lane_major(b, blk, 48 + 32 * c)
+            for half, nib in ((0, b.and_(q, low4)), (1, shr(q, 4))):
+                bit = b.and_(qh, _splat(_V32I8, 1 << (2 * c + half)))
+                out.append(b.or_(nib, b.select(b.icmp_unsigned("!=", bit, zero), sixteen, zero)))
+        return out
+    # Q6_K: in half h, bytes x of ql (a = ql[64h + x], b = ql[64h + 32 + x]) and of qh
+    # (qh[32h + x]) make values 128h + 32t + x, t = 0..3: 4 low bits | 2 high bits << 4
+    two = _splat(_V32I8, 0x30)
+    out = []
+    for h in range(2):
+        qa, qb, qh = (_lane_major(b, blk, d) for d in (64 * h, 64 * h + 32, 128 + 32 * h))
+        out += [b.or_(b.and_(qa, low4), b.and_(b.shl(qh, _splat(_V32I8, 4)), two)),
+                b.or_(b.and_(qb, low4), b.and_(b.shl(qh, _splat(_V32I8, 2)), two)),
+                b.or_(shr(qa, 4), b.and_(qh, two)),
+                b.or_(shr(qb, 4), b.and_(shr(qh, 2), two))]
+    return out
+
+
+def _scales_mins_k4(builder, blk):
+    """get_scale_min_k4 of all 8 sub-blocks of a Q4_K/Q5_K super-block at once, four per
+    uint32: (scales, mins) as <8 x i8>."""
+    b = builder
+    a0, a1, a2 = (_load(b, blk, d, _I32) for d in (4, 8, 12))
+    c = lambda v: ir.Constant(_I32, v)
+    top2 = lambda v: b.shl(b.and_(b.lshr(v, c(6)), c(0x03030303)), c(4))
+    sc = (b.and_(a0, c(0x3F3F3F3F)), b.or_(b.and_(a2, c(0x0F0F0F0F)), top2(a0)))
+    mn = (b.and_(a1, c(0x3F3F3F3F)), b.or_(b.and_(b.lshr(a2, c(4)), c(0x0F0F0F0F)), top2(a1)))
+
+    def bytes8(lo, hi):
+        v = b.insert_element(ir.Constant(ir.VectorType(_I32, 2), None), lo, c(0))
+        return b.bitcast(b.insert_element(v, hi, c(1)), ir.VectorType(_I8, 8))
+    return bytes8(*sc), bytes8(*mn)
+
+
+def _scale_words(builder, qtype, blk):
+    """The int16 word pairs vpmaddwd applies to chunk T's lane pair sums, one <16 x i16>
+    per chunk: (sc[T], sc[T]) for Q4_K/Q5_K (32 values per scale), (sc[2T], sc[2T + 1])
+    for Q6_K (16 per scale); and the mins as words (m[g], m[g]) for the bsums pairs
+    (Q4_K/Q5_K; None for Q6_K)."""
+    b = builder
+    if qtype == Q6_K:
+        sc = b.sext(_load(b, blk, 192, ir.VectorType(_I8, 16)), _V16I16)
+        return [b.shuffle_vector(sc, ir.Constant(_V16I16, None), _idx(*[2 * t, 2 * t + 1] * 8))
+                for t in range(8)], None
+    sc8, mn8 = _scales_mins_k4(b, blk)
+    sc = b.zext(sc8, ir.VectorType(_I16, 8))
+    undef = ir.Constant(ir.VectorType(_I16, 8), None)
+    words = [b.shuffle_vector(sc, undef, _idx(*[t] * 16)) for t in range(8)]
+    mins = b.shuffle_vector(b.zext(mn8, ir.VectorType(_I16, 8)), undef, _idx(*[g // 2 for g in range(16)]))
+    return words, mins
+
+
+def _lane_sums(builder, qtype, chunks, words, y, yo, yoff, oo):
+    """aux32 of ggml's generic dot product as <8 x i32> (lane l = element l): chunk T's
+    vpmaddubsw with the lane-major activations y[yo + 32T:] (Q6_K: less the pair offsets
+    yoff[oo + 32T:] bytes), then vpmaddwd with its scale words, summed."""
+    b = builder
+    acc = _splat(_V8I32, 0)
+    for t in range(8):
+        p = _x86(b, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, chunks[t],
+                 _load(b, y, b.add(yo, ir.Constant(yo.type, 32 * t)), _V32I8))
+        if qtype == Q6_K:
+            p = b.sub(p, _load(b, yoff, b.add(oo, ir.Constant(oo.type, 32 * t)), _V16I16))
+        acc = b.add(acc, _x86(b, "llvm.x86.avx2.pmadd.wd", _V8I32, p, words[t]))
+    return acc
+
+
+def _hsum(builder, v):
+    """The sum of an integer vector's elements (exact: any order)."""
+    n = v.type.count
+    while n > 1:
+        n //= 2
+        lo = builder.shuffle_vector(v, v, _idx(*range(n)))
+        hi = builder.shuffle_vector(v, v, _idx(*range(n, 2 * n)))
+        v = builder.add(lo, hi)
+    return builder.extract_element(v, ir.Constant(_I32, 0))
+
+
+def _is_bytes(t):
     return isinstance(t, types.Array) and t.ndim == 1 and t.dtype in (types.uint8, types.int8)
 
 
-@intrinsic
-def _unpack_q4_K(typingctx, wr, o, u):
-    """The 256 quants of the Q4_K super-block at byte o of row wr -> u (uint8[256]) in
-    lane-major order, 64 values per 32 packed bytes (low nibbles, then high)."""
-    if not (_is_u8_array(wr) and _is_u8_array(u) and isinstance(o, types.Integer)):
-        return None
-
-    def codegen(context, builder, sig, args):
-        w, off, out = args
-        off = context.cast(builder, off, sig.args[1], types.intp)
-        for c in range(4):
-            src = _at(context, builder, sig.args[0], w, builder.add(off, ir.Constant(off.type, 16 + 32 * c)), _V32I8)
-            b = _lane_major(builder, _load(builder, src))
-            lo = builder.and_(b, _splat(_V32I8, 0x0F))
-            hi = builder.lshr(b, _splat(_V32I8, 4))
-            _store(builder, lo, _at(context, builder, sig.args[2], out, ir.Constant(off.type, 64 * c), _V32I8))
-            _store(builder, hi, _at(context, builder, sig.args[2], out, ir.Constant(off.type, 64 * c + 32), _V32I8))
-        return context.get_dummy_value()
-    return types.none(wr, o, u), codegen
+def _is_array(t, dtype):
+    return isinstance(t, types.Array) and t.ndim == 1 and t.dtype == dtype
 
 
-@intrinsic
-def _unpack_q5_K(typingctx, wr, o, u):
-    """As _unpack_q4_K for Q5_K: the fifth bit of value 64c + x (low nibble) is bit 2c of
-    qh[x], of value 64c + 32 + x (high nibble) bit 2c + 1."""
-    if not (_is_u8_array(wr) and _is_u8_array(u) and isinstance(o, types.Integer)):
-        return None
+# ----------------------------------------------------------------- intrinsics
 
-    def codegen(context, builder, sig, args):
-        w, off, out = args
-        off = context.cast(builder, off, sig.args[1], types.intp)
-        at = lambda d: _at(context, builder, sig.args[0], w, builder.add(off, ir.Constant(off.type, d)), _V32I8)
-        qh = _lane_major(builder, _load(builder, at(16)))
-        zero = _splat(_V32I8, 0)
-        for c in range(4):
-            b = _lane_major(builder, _load(builder, at(48 + 32 * c)))
-            for half, q in ((0, builder.and_(b, _splat(_V32I8, 0x0F))), (1, builder.lshr(b, _splat(_V32I8, 4)))):
-                bit = builder.and_(qh, _splat(_V32I8, 1 << (2 * c + half)))
-                fifth = builder.select(builder.icmp_unsigned("!=", bit, zero), _splat(_V32I8, 16), zero)
-                _store(builder, builder.or_(q, fifth),
-                       _at(context, builder, sig.args[2], out, ir.Constant(off.type, 64 * c + 32 * half), _V32I8))
-        return context.get_dummy_value()
-    return types.none(wr, o, u), codegen
-
-
-@intrinsic
-def _unpack_q6_K(typingctx, wr, o, u):
-    """The 256 quants of the Q6_K super-block at byte o of row wr, UNSIGNED (q + 32, 0..63)
-    -> u (uint8[256]) in lane-major order: in half h, bytes x of ql (ql[64h + x] = a,
-    ql[64h + 32 + x] = b) and qh[32h + x] make values 128h + 32t + x, t = 0..3, as
-    (a|b low/high nibble) | (2 bits of qh << 4)."""
-    if not (_is_u8_array(wr) and _is_u8_array(u) and isinstance(o, types.Integer)):
-        return None
-
-    def codegen(context, builder, sig, args):
-        w, off, out = args
-        off = context.cast(builder, off, sig.args[1], types.intp)
-        at = lambda d: _at(context, builder, sig.args[0], w, builder.add(off, ir.Constant(off.type, d)), _V32I8)
-        low4, two = _splat(_V32I8, 0x0F), _splat(_V32I8, 0x30)
-        for h in range(2):
-            a = _lane_major(builder, _load(builder, at(64 * h)))
-            b = _lane_major(builder, _load(builder, at(64 * h + 32)))
-            qh = _lane_major(builder, _load(builder, at(128 + 32 * h)))
-            parts = (
-                (builder.and_(a, low4), builder.and_(builder.shl(qh, _splat(_V32I8, 4)), two)),
-                (builder.and_(b, low4), builder.and_(builder.shl(qh, _splat(_V32I8, 2)), two)),
-                (builder.lshr(a, _splat(_V32I8, 4)), builder.and_(qh, two)),
-                (builder.lshr(b, _splat(_V32I8, 4)), builder.and_(builder.lshr(qh, _splat(_V32I8, 2)), two)),
-            )
-            for t, (q, hi) in enumerate(parts):
-                _store(builder, builder.or_(q, hi),
-                       _at(context, builder, sig.args[2], out, ir.Constant(off.type, 128 * h + 32 * t), _V32I8))
-        return context.get_dummy_value()
-    return types.none(wr, o, u), codegen
-
-
-def _dot_lanes_intrinsic(offsets: bool):
-    """An intrinsic (u, y, yo, [yoff, yoffo,] scw, aux): aux[l] = the sum over the
-    super-block's 8 chunks t of vpmaddwd(vpmaddubsw(u[32t:], y[yo + 32t:]) [- yoff[yoffo +
-    16t:]], scw[t] as two int16) -- each lane's scaled integer sum. u: lane-major unsigned
-    quants; y: lane-major int8 activations; yoff: the int16 pair offsets Q6_K subtracts."""
-    def codegen(context, builder, sig, args):
-        arg = lambda i: (sig.args[i], args[i])
-        ptr = lambda i, k, ty: _at(context, builder, *arg(i), k, ty)
-        yo = context.cast(builder, args[2], sig.args[2], types.intp)
-        if offsets:
-            oo = context.cast(builder, args[4], sig.args[4], types.intp)
-        scales = context.make_array(sig.args[-2])(context, builder, args[-2]).data
-        acc = _splat(_V8I32, 0)
-        for t in range(8):
-            k = ir.Constant(yo.type, 32 * t)
-            p = _x86(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, _load(builder, ptr(0, k, _V32I8)),
-                     _load(builder, ptr(1, builder.add(yo, k), _V32I8)))
-            if offsets:
-                p = builder.sub(p, _load(builder, ptr(3, builder.add(oo, ir.Constant(oo.type, 16 * t)), _V16I16)))
-            sc = builder.load(builder.gep(scales, [ir.Constant(_I32, t)]))
-            scv = builder.insert_element(ir.Constant(_V8I32, None), sc, ir.Constant(_I32, 0))
-            scv = builder.shuffle_vector(scv, ir.Constant(_V8I32, None), ir.Constant(_V8I32, [0] * 8))
-            acc = builder.add(acc, _x86(builder, "llvm.x86.avx2.pmadd.wd", _V8I32, p, builder.bitcast(scv, _V16I16)))
-        _store(builder, acc, ptr(len(args) - 1, ir.Constant(yo.type, 0), _V8I32))
-        return context.get_dummy_value()
-
-    def typed(a):
-        ints = a[2:3] + (a[4:5] if offsets else ())
-        arrays = zip(a[-2:] + a[3:4] * offsets, (types.int32, types.int32, types.int16))
-        if not (_is_u8_array(a[0]) and _is_u8_array(a[1]) and all(isinstance(t, types.Integer) for t in ints)
-                and all(isinstance(t, types.Array) and t.dtype == dt for t, dt in arrays)):
+def _unpack_intrinsic(qtype):
+    """(wr, o, u, scw, scm): the super-block at byte o of row wr -> its quants lane-major
+    in u (uint8[256]), its scale words in scw (int32[8], as vpmaddwd takes them) and, for
+    Q4_K/Q5_K, its mins in scm[8:16] (int32, for kernel_parts.mins_term)."""
+    def typer(typingctx, wr, o, u, scw, scm):
+        if not (_is_bytes(wr) and _is_bytes(u) and isinstance(o, types.Integer)
+                and _is_array(scw, types.int32) and _is_array(scm, types.int32)):
             return None
-        return types.none(*a), codegen
+        return types.none(wr, o, u, scw, scm), codegen
 
-    if offsets:
-        return intrinsic(lambda typingctx, u, y, yo, yoff, yoffo, scw, aux: typed((u, y, yo, yoff, yoffo, scw, aux)))
-    return intrinsic(lambda typingctx, u, y, yo, scw, aux: typed((u, y, yo, scw, aux)))
+    def codegen(context, builder, sig, args):
+        b = builder
+        data = [_data(context, b, t, a) if isinstance(t, types.Array) else a for t, a in zip(sig.args, args)]
+        blk = b.gep(data[0], [context.cast(b, args[1], sig.args[1], types.int64)])
+        for t, chunk in enumerate(_quant_chunks(b, qtype, blk)):
+            _store(b, chunk, data[2], 32 * t)
+        words, mins = _scale_words(b, qtype, blk)
+        for t, w in enumerate(words):
+            _store(b, b.extract_element(b.bitcast(w, _V8I32), ir.Constant(_I32, 0)), data[3], 4 * t)
+        if mins is not None:
+            m = b.shuffle_vector(mins, mins, _idx(*range(0, 16, 2)))
+            _store(b, b.zext(m, _V8I32), data[4], 4 * 8)
+        return context.get_dummy_value()
+    return intrinsic(typer)
 
 
-_dot_lanes = _dot_lanes_intrinsic(offsets=False)
-_dot_lanes_q6 = _dot_lanes_intrinsic(offsets=True)
+@intrinsic
+def _dot_lanes(typingctx, u, scw, qtype, y, yo, yoff, aux):
+    """aux (int32[8]) = the lane sums of a super-block unpacked by _unpack_* (u, scw) with
+    the lane-major activations y[yo:] (yoff: Q6_K's pair offsets, from yo // 2)."""
+    if not (_is_bytes(u) and _is_array(scw, types.int32) and isinstance(qtype, types.IntegerLiteral)
+            and _is_bytes(y) and isinstance(yo, types.Integer) and _is_array(yoff, types.int16)
+            and _is_array(aux, types.int32)):
+        return None
+    qt = qtype.literal_value
 
+    def codegen(context, builder, sig, args):
+        b = builder
+        d = {i: _data(context, b, sig.args[i], args[i]) for i in (0, 1, 3, 5, 6)}
+        chunks = [_load(b, d[0], 32 * t, _V32I8) for t in range(8)]
+        words = [b.bitcast(b.shuffle_vector(b.insert_element(ir.Constant(_V8I32, None), _load(b, d[1], 4 * t, _I32),
+                                                             ir.Constant(_I32, 0)),
+                                            ir.Constant(_V8I32, None), _idx(*[0] * 8)), _V16I16)
+                 for t in range(8)]
+        yo = context.cast(b, args[4], sig.args[4], types.int64)
+        acc = _lane_sums(b, qt, chunks, words, d[3], yo, d[5], yo)   # yoff bytes = yo (2 bytes per pair)
+        _store(b, acc, d[6], 0)
+        return context.get_dummy_value()
+    return types.none(u, scw, qtype, y, yo, yoff, aux), codegen
+
+
+def _row_dot_intrinsic(qtype):
+    """(wr, nb, y, yd, extra) -> float32: one weight row of nb super-blocks times one
+    activation row, ggml's generic dot product whole (decode: nothing is stored between
+    the steps). y: lane-major quants; yd: the activation's d per super-block; extra: its
+    bsums (Q4_K/Q5_K) or the pair offsets of y (Q6_K). The float work in C order: per
+    super-block d = f16(x.d) * y.d, sums[l] += d * (float)aux32[l], then (Q4_K/Q5_K)
+    sumf -= (f16(x.dmin) * y.d) * (float)sumi; at the end sumf += sums[l], l = 0..7."""
+    bb = _BLOCK_BYTES[qtype]
+
+    def typer(typingctx, wr, nb, y, yd, extra):
+        if not (_is_bytes(wr) and isinstance(nb, types.Integer) and _is_bytes(y)
+                and _is_array(yd, types.float32) and _is_array(extra, types.int16)):
+            return None
+        return types.float32(wr, nb, y, yd, extra), codegen
+
+    def codegen(context, builder, sig, args):
+        b = builder
+        w, y, yd, extra = (_data(context, b, sig.args[i], args[i]) for i in (0, 2, 3, 4))
+        nb = context.cast(b, args[1], sig.args[1], types.int64)
+        sums = cgutils.alloca_once_value(b, _splat(_V8F32, 0.0))
+        sumf = cgutils.alloca_once_value(b, ir.Constant(_F32, 0.0))
+        with cgutils.for_range(b, nb) as loop:
+            i = loop.index
+            blk = b.gep(w, [b.mul(i, ir.Constant(i.type, bb))])
+            words, mins = _scale_words(b, qtype, blk)
+            yo = b.mul(i, ir.Constant(i.type, QK_K))
+            acc = _lane_sums(b, qtype, _quant_chunks(b, qtype, blk), words, y, yo, extra, yo)
+            ydi = _load(b, yd, b.mul(i, ir.Constant(i.type, 4)), _F32)
+            d = b.fmul(_f16(b, blk, 208 if qtype == Q6_K else 0), ydi)
+            dv = b.shuffle_vector(b.insert_element(ir.Constant(_V8F32, None), d, ir.Constant(_I32, 0)),
+                                  ir.Constant(_V8F32, None), _idx(*[0] * 8))
+            b.store(b.fadd(b.load(sums), b.fmul(dv, b.sitofp(acc, _V8F32))), sums)
+            if mins is not None:
+                bs = _load(b, extra, b.mul(i, ir.Constant(i.type, 32)), _V16I16)
+                sumi = _hsum(b, _x86(b, "llvm.x86.avx2.pmadd.wd", _V8I32, bs, mins))
+                dmin = b.fmul(_f16(b, blk, 2), ydi)
+                b.store(b.fsub(b.load(sumf), b.fmul(dmin, b.sitofp(sumi, _F32))), sumf)
+        acc = b.load(sumf)
+        s = b.load(sums)
+        for l in range(LANES):
+            acc = b.fadd(acc, b.extract_element(s, ir.Constant(_I32, l)))
+        return acc
+    return intrinsic(typer)
+
+
+_UNPACK = {q: _unpack_intrinsic(q) for q in _BLOCK_BYTES}
+_unpack_q4_K, _unpack_q5_K, _unpack_q6_K = _UNPACK[Q4_K], _UNPACK[Q5_K], _UNPACK[Q6_K]
+_row_dot_q4_K, _row_dot_q5_K, _row_dot_q6_K = (_row_dot_intrinsic(q) for q in (Q4_K, Q5_K, Q6_K))
+
+
+# ----------------------------------------------------------------- the kernel
 
 @njit(cache=True)
 def lane_major_activations(qs):
@@ -216,60 +320,12 @@ def lane_major_activations(qs):
     return yl, yoff
 
 
-@intrinsic
-def _load_u32(typingctx, ary, off):
-    """The 4 bytes at ary[off:off + 4] as a little-endian uint32 (unaligned)."""
-    if not (_is_u8_array(ary) and isinstance(off, types.Integer)):
-        return None
-
-    def codegen(context, builder, sig, args):
-        off = context.cast(builder, args[1], sig.args[1], types.intp)
-        return builder.load(_at(context, builder, sig.args[0], args[0], off, _I32), align=1)
-    return types.uint32(ary, off), codegen
-
-
-@njit(cache=True, inline="always")
-def _scales_mins_k4_words(wr, off, scm, scw):
-    """The 8 6-bit scales and mins of a Q4_K/Q5_K super-block (get_scale_min_k4 of all 8 at
-    once, four per uint32): the mins to scm[8:16], the scales as vpmaddwd's word pairs
-    (sc[t], sc[t]) to scw."""
-    a0 = _load_u32(wr, off)
-    a1 = _load_u32(wr, off + 4)
-    a2 = _load_u32(wr, off + 8)
-    sc_lo = a0 & 0x3F3F3F3F
-    sc_hi = (a2 & 0x0F0F0F0F) | (((a0 >> 6) & 0x03030303) << 4)
-    mn_lo = a1 & 0x3F3F3F3F
-    mn_hi = ((a2 >> 4) & 0x0F0F0F0F) | (((a1 >> 6) & 0x03030303) << 4)
-    for t in range(4):
-        lo = np.int32((sc_lo >> (8 * t)) & 0xFF)
-        hi = np.int32((sc_hi >> (8 * t)) & 0xFF)
-        scw[t] = lo | (lo << 16)
-        scw[4 + t] = hi | (hi << 16)
-        scm[8 + t] = np.int32((mn_lo >> (8 * t)) & 0xFF)
-        scm[12 + t] = np.int32((mn_hi >> (8 * t)) & 0xFF)
-
-
-@intrinsic
-def _q6_scale_words(typingctx, wr, off, scw):
-    """The 16 int8 scales of a Q6_K super-block at wr[off:] as int16: scw[t] holds (sc[2t],
-    sc[2t + 1]), the two words vpmaddwd applies to chunk t's lane pair sums."""
-    if not (_is_u8_array(wr) and isinstance(off, types.Integer)
-            and isinstance(scw, types.Array) and scw.dtype == types.int32):
-        return None
-
-    def codegen(context, builder, sig, args):
-        off = context.cast(builder, args[1], sig.args[1], types.intp)
-        v16i8 = ir.VectorType(_I8, 16)
-        sc = builder.sext(_load(builder, _at(context, builder, sig.args[0], args[0], off, v16i8)), _V16I16)
-        _store(builder, sc, _at(context, builder, sig.args[2], args[2], ir.Constant(off.type, 0), _V16I16))
-        return context.get_dummy_value()
-    return types.none(wr, off, scw), codegen
-
-
 @njit(cache=True, parallel=True)
 def matmul_kquant(ptrs, n_rows, row_bytes, qtype, d, qs, bsums, act_rows, act_start, lanes, workers):
     """engine/kernels.matmul_kquant's contract and bits, the integer lane sums by
-    vpmaddubsw over lane-major bytes (see above)."""
+    vpmaddubsw over lane-major bytes (see above). A weight row with one activation row
+    (decode) is one fused dot product; with several (prefill), each super-block is
+    unpacked once and used by every row."""
     n_mat = ptrs.shape[0]
     bb = kquant_block_bytes(qtype, row_bytes, d, qs, bsums, act_rows, act_start, lanes, n_mat)
     nb = qs.shape[1] // QK_K
@@ -280,11 +336,11 @@ def matmul_kquant(ptrs, n_rows, row_bytes, qtype, d, qs, bsums, act_rows, act_st
     taken = np.zeros(1, np.int64)
     for _ in prange(workers):
         sums = np.empty((most, LANES), np.float32)   # C: sums[8] of each output
-        sumf = np.empty(most, np.float32)             # C: sumf
-        scm = np.empty(16, np.int32)                  # one super-block's scales (and mins)
-        scw = np.empty(8, np.int32)                   # the scales as vpmaddwd's word pairs
+        sumf = np.empty(most, np.float32)            # C: sumf
+        scm = np.empty(16, np.int32)                 # one super-block's mins at 8..15
+        scw = np.empty(8, np.int32)                  # its scales as vpmaddwd's word pairs
         aux = np.empty(LANES, np.int32)              # C: aux32
-        u = np.empty(QK_K, np.uint8)                  # one super-block's quants, lane-major
+        u = np.empty(QK_K, np.uint8)                 # its quants, lane-major
         while True:
             m, a0, a1, r0 = take_item(taken, n_mat, per, act_start)
             if m < 0:
@@ -293,32 +349,36 @@ def matmul_kquant(ptrs, n_rows, row_bytes, qtype, d, qs, bsums, act_rows, act_st
             w = numba.carray(u8_pointer(ptrs[m]), (n_rows, row_bytes))
             for r in range(r0, min(n_rows, r0 + ROWS_PER_ITEM)):
                 wr = w[r]
+                if cnt == 1:
+                    j = act_rows[a0]
+                    if qtype == Q4_K:
+                        out[a0, r] = _row_dot_q4_K(wr, nb, yl[j], d[j], bsums[j])
+                    elif qtype == Q5_K:
+                        out[a0, r] = _row_dot_q5_K(wr, nb, yl[j], d[j], bsums[j])
+                    else:
+                        out[a0, r] = _row_dot_q6_K(wr, nb, yl[j], d[j], yoff[j])
+                    continue
                 sums[:cnt] = 0
                 sumf[:cnt] = 0
                 for i in range(nb):
                     o = i * bb
-                    if qtype == Q6_K:
-                        xd = f16(wr[o + 208], wr[o + 209])
-                        _q6_scale_words(wr, o + 192, scw)
-                        _unpack_q6_K(wr, o, u)
+                    if qtype == Q4_K:
+                        _unpack_q4_K(wr, o, u, scw, scm)
+                    elif qtype == Q5_K:
+                        _unpack_q5_K(wr, o, u, scw, scm)
                     else:
-                        xd = f16(wr[o], wr[o + 1])
-                        xm = f16(wr[o + 2], wr[o + 3])
-                        _scales_mins_k4_words(wr, o + 4, scm, scw)
-                        if qtype == Q4_K:
-                            _unpack_q4_K(wr, o, u)
-                        else:
-                            _unpack_q5_K(wr, o, u)
+                        _unpack_q6_K(wr, o, u, scw, scm)
                     for s in range(cnt):
                         j = act_rows[a0 + s]
                         if qtype == Q6_K:
-                            _dot_lanes_q6(u, yl[j], i * QK_K, yoff[j], i * (QK_K // 2), scw, aux)
+                            _dot_lanes(u, scw, Q6_K, yl[j], i * QK_K, yoff[j], aux)
                         else:
-                            _dot_lanes(u, yl[j], i * QK_K, scw, aux)
-                        dd = np.float32(xd * d[j, i])
+                            _dot_lanes(u, scw, Q4_K, yl[j], i * QK_K, yoff[j], aux)
+                        dd = np.float32(f16(wr[o + 208], wr[o + 209]) * d[j, i]) if qtype == Q6_K else \
+                            np.float32(f16(wr[o], wr[o + 1]) * d[j, i])
                         for l in range(lanes):
                             sums[s, U(l)] = np.float32(sums[s, U(l)] + np.float32(dd * np.float32(aux[U(l)])))
                         if qtype != Q6_K:
-                            mins_term(xm, d[j, i], bsums[j], i, scm, sumf, s)
+                            mins_term(f16(wr[o + 2], wr[o + 3]), d[j, i], bsums[j], i, scm, sumf, s)
                 sum_lanes(sums, sumf, cnt, out, a0, r)
     return out

@@ -325,6 +325,40 @@ def test_extreme_quants_do_not_saturate(qtype, kernel_path):
     assert np.array_equal(_bits(got), _bits(emulate_c_matmul(w, qtype, x)))
 
 
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q5_K, T.Q6_K])
+@pytest.mark.parametrize("n", [1, 3])
+def test_kernel_paths_agree_on_inf_and_nan_scales(qtype, n):
+    """Super-blocks whose f16 scale or min is +-inf or a NaN: every path gives the same bits
+    wherever the result is a number, and a NaN in the same places (which NaN -- its sign --
+    follows the operand order the compiler picks, in ggml's C as here)."""
+    paths = K.available_paths()
+    if len(paths) < 2:
+        pytest.skip("this CPU runs only the portable kernels")
+    rng = np.random.default_rng(80 + n)
+    w = rand_weights(rng, qtype, 32, 512)
+    blocks = w.reshape(32, 2, BPB[qtype][1])
+    d_at = 208 if qtype == T.Q6_K else 0
+    specials = np.array([0x7C00, 0xFC00, 0x7E01, 0xFE00, 0x7D55], np.uint16)   # inf, -inf, NaNs
+    for r in range(0, 32, 3):
+        blocks[r, r % 2, d_at:d_at + 2] = specials[r % 5:r % 5 + 1].view(np.uint8)
+        if qtype != T.Q6_K and r % 2:
+            blocks[r, 0, 2:4] = specials[(r + 1) % 5:(r + 1) % 5 + 1].view(np.uint8)   # dmin
+    x = _activations(rng, n, 512)
+    old = K.kernel_path()
+    try:
+        got = []
+        for p in paths:
+            K.set_kernel_path(p)
+            got.append(K.matmul(w, qtype, x))
+    finally:
+        K.set_kernel_path(old)
+    want = got[0]
+    assert np.isnan(want).any() and not np.isnan(want).all()
+    for g in got[1:]:
+        assert np.array_equal(np.isnan(g), np.isnan(want))
+        assert np.array_equal(_bits(g[~np.isnan(g)]), _bits(want[~np.isnan(want)]))
+
+
 def _deq_activation(qtype, x):
     if qtype in (T.Q4_K, T.Q5_K, T.Q6_K):
         d, qs, _ = K.quantize_q8_K(x)
