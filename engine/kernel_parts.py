@@ -38,28 +38,49 @@ def u8_pointer(typingctx, address):
 
 
 @intrinsic
-def next_item(typingctx, counter):
-    """Atomically counter[0] += 1; returns the old value: the next work item to take."""
-    if not (isinstance(counter, types.Array) and counter.dtype == types.int64):
+def next_item(typingctx, counter, index):
+    """Atomically counter[index] += 1; returns the old value: the next work item to take."""
+    if not (isinstance(counter, types.Array) and counter.dtype == types.int64 and isinstance(index, types.Integer)):
         return None
-    sig = types.int64(counter)
+    sig = types.int64(counter, index)
 
     def codegen(context, builder, signature, args):
         ary = context.make_array(signature.args[0])(context, builder, args[0])
-        one = context.get_constant(types.int64, 1)
-        return builder.atomic_rmw("add", ary.data, one, "monotonic")
+        at = builder.gep(ary.data, [context.cast(builder, args[1], signature.args[1], types.intp)])
+        return builder.atomic_rmw("add", at, context.get_constant(types.int64, 1), "monotonic")
     return sig, codegen
 
 
+# int64s per cache line: each share's counter has a line of its own
+LINE = 8
+
+
+@njit(cache=True)
+def work_counters(workers):
+    """The counters take_item shares out work with, one per thread."""
+    return np.zeros(workers * LINE, np.int64)
+
+
 @njit(cache=True, inline="always")
-def take_item(taken, n_mat, per, act_start):
-    """The next work item off the shared counter: (matrix m, its activation rows a0:a1, first
-    output row r0), or m = -1 once all n_mat * per items are taken."""
-    item = next_item(taken)
-    if item >= n_mat * per:
-        return -1, 0, 0, 0
-    m = item // per
-    return m, act_start[m], act_start[m + 1], (item - m * per) * ROWS_PER_ITEM
+def take_item(taken, tid, share, workers, n_mat, per, act_start):
+    """The next work item for thread tid: (matrix m, its activation rows a0:a1, first output
+    row r0, the share it came from), or m = -1 once all n_mat * per items are taken.
+
+    The items are cut into `workers` contiguous shares; thread tid takes the items of share
+    tid in order, off that share's counter, then helps with the shares after it (`share`
+    counts how far it has moved on), so a thread the OS starts late holds up no fixed part
+    of the work. Contiguous shares because two threads streaming neighbouring memory -- the
+    same matrix's alternate row blocks -- ran slower together than one thread alone
+    (measured; PERF.md), while two separate streams run at twice the speed of one."""
+    total = n_mat * per
+    while share < workers:
+        t = (tid + share) % workers
+        item = total * t // workers + next_item(taken, t * LINE)
+        if item < total * (t + 1) // workers:
+            m = item // per
+            return m, act_start[m], act_start[m + 1], (item - m * per) * ROWS_PER_ITEM, share
+        share += 1
+    return -1, 0, 0, 0, share
 
 
 @njit(cache=True)
@@ -121,11 +142,13 @@ def scale_min_k4(q, off, j):
 
 
 @njit(cache=True, inline="always")
-def mins_term(xm, yd, bsums_j, i, scm, sumf, s):
-    """sumf[s] -= dmin * sumi, sumi = sum_j bsums[j] * mins[j/2] (Q4_K and Q5_K)."""
+def mins_term(xm, yd, bsums, j, i, scm, sumf, s):
+    """sumf[s] -= dmin * sumi, sumi = sum_g bsums[j, 16i + g] * mins[g/2] (Q4_K and Q5_K),
+    for activation row j. (Rows are indexed, never sliced, in the kernels' loops: a slice
+    is an atomic reference count on the array, which the threads then fight over.)"""
     sumi = np.int32(0)
     for g in range(8):   # bsums[2g], bsums[2g + 1] share mins[g]
-        sumi += (np.int32(bsums_j[i * 16 + 2 * g]) + np.int32(bsums_j[i * 16 + 2 * g + 1])) * scm[8 + g]
+        sumi += (np.int32(bsums[j, i * 16 + 2 * g]) + np.int32(bsums[j, i * 16 + 2 * g + 1])) * scm[8 + g]
     dmin = np.float32(xm * yd)
     sumf[s] = np.float32(sumf[s] - np.float32(dmin * np.float32(sumi)))
 

@@ -59,7 +59,7 @@ from numba import njit, prange
 
 from .kernel_parts import (LANES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES, ROWS_PER_ITEM, U, check_rows,
                            f16, kquant_block_bytes, mins_term, most_rows, scale_min_k4, sum_lanes, take_item,
-                           u8_pointer)
+                           u8_pointer, work_counters)
 from .qtypes import F32, Q4_K, Q5_K, Q6_K, Q8_0, Q8_K, QK8_0, QK_K, qtype_info
 
 
@@ -235,8 +235,8 @@ def _block_q4_K(wr, i, d, qs, bsums, rows, lanes, scm, u, sums, sumf):
             u[U(64 * c + 32 + x)] = b >> 4
     for s in range(rows.shape[0]):
         j = rows[s]
-        _lanes_unpacked(u, 32, qs[j], i * QK_K, scm, lanes, np.float32(xd * d[j, i]), sums, s)
-        mins_term(xm, d[j, i], bsums[j], i, scm, sumf, s)
+        _lanes_unpacked(u, 32, qs, j, i * QK_K, scm, lanes, np.float32(xd * d[j, i]), sums, s)
+        mins_term(xm, d[j, i], bsums, j, i, scm, sumf, s)
 
 
 @njit(cache=True, inline="always")
@@ -249,16 +249,17 @@ def _scales_mins_k4(wr, off, scm):
 
 
 @njit(cache=True, inline="always")
-def _lanes_unpacked(u, group, y, yo, scm, lanes, dd, sums, s):
+def _lanes_unpacked(u, group, qs, j, yo, scm, lanes, dd, sums, s):
     """sums[s, l] += dd * aux32[l] for a super-block unpacked into u (256 quants in value
-    order), `group` consecutive values sharing each scale scm[g]."""
+    order) times activation row j of qs from yo, `group` consecutive values sharing each
+    scale scm[g]."""
     for l in range(lanes):
         aux = np.int32(0)
         for g in range(QK_K // group):
             p = np.int32(0)
             for m in range(group // 8):
                 x = group * g + 8 * m + l
-                p = np.int32(p + np.int32(np.int32(u[U(x)]) * np.int32(y[U(yo + x)])))
+                p = np.int32(p + np.int32(np.int32(u[U(x)]) * np.int32(qs[j, U(yo + x)])))
             aux = np.int32(aux + np.int32(scm[g] * p))
         sums[s, U(l)] = np.float32(sums[s, U(l)] + np.float32(dd * np.float32(aux)))
 
@@ -279,8 +280,8 @@ def _block_q5_K(wr, i, d, qs, bsums, rows, lanes, scm, u, sums, sumf):
             u[U(64 * c + 32 + x)] = (b >> 4) | (((h >> (2 * c + 1)) & 1) << 4)
     for s in range(rows.shape[0]):
         j = rows[s]
-        _lanes_unpacked(u, 32, qs[j], i * QK_K, scm, lanes, np.float32(xd * d[j, i]), sums, s)
-        mins_term(xm, d[j, i], bsums[j], i, scm, sumf, s)
+        _lanes_unpacked(u, 32, qs, j, i * QK_K, scm, lanes, np.float32(xd * d[j, i]), sums, s)
+        mins_term(xm, d[j, i], bsums, j, i, scm, sumf, s)
 
 
 @njit(cache=True, inline="always")
@@ -305,7 +306,7 @@ def _block_q6_K(wr, i, d, qs, rows, lanes, scm, q6, sums):
             q6[U(128 * h + 96 + x)] = ((b >> 4) | (((qh >> 6) & 3) << 4)) - 32
     for s in range(rows.shape[0]):
         j = rows[s]
-        _lanes_unpacked(q6, 16, qs[j], i * QK_K, scm, lanes, np.float32(xd * d[j, i]), sums, s)
+        _lanes_unpacked(q6, 16, qs, j, i * QK_K, scm, lanes, np.float32(xd * d[j, i]), sums, s)
 
 
 @njit(cache=True, parallel=True)
@@ -320,15 +321,16 @@ def matmul_kquant(ptrs, n_rows, row_bytes, qtype, d, qs, bsums, act_rows, act_st
     out = np.empty((act_rows.shape[0], n_rows), np.float32)
     per = (n_rows + ROWS_PER_ITEM - 1) // ROWS_PER_ITEM
     most = most_rows(act_start)
-    taken = np.zeros(1, np.int64)
-    for _ in prange(workers):
+    taken = work_counters(workers)
+    for tid in prange(workers):
+        share = 0
         sums = np.empty((most, LANES), np.float32)   # C: sums[8] of each output
         sumf = np.empty(most, np.float32)             # C: sumf
         scm = np.empty(16, np.int32)                  # one super-block's scales (and mins)
         u = np.empty(QK_K, np.uint8)                  # one super-block's Q4_K/Q5_K quants
         q6 = np.empty(QK_K, np.int8)                  # one super-block's Q6_K quants
         while True:
-            m, a0, a1, r0 = take_item(taken, n_mat, per, act_start)
+            m, a0, a1, r0, share = take_item(taken, tid, share, workers, n_mat, per, act_start)
             if m < 0:
                 break
             cnt = a1 - a0
@@ -361,10 +363,11 @@ def matmul_q8_0(ptrs, n_rows, row_bytes, d, qs, act_rows, act_start, lanes, work
         raise ValueError("matmul_q8_0: shape mismatch")
     out = np.empty((act_rows.shape[0], n_rows), np.float32)
     per = (n_rows + ROWS_PER_ITEM - 1) // ROWS_PER_ITEM
-    taken = np.zeros(1, np.int64)
-    for _ in prange(workers):
+    taken = work_counters(workers)
+    for tid in prange(workers):
+        share = 0
         while True:
-            m, a0, a1, r0 = take_item(taken, n_mat, per, act_start)
+            m, a0, a1, r0, share = take_item(taken, tid, share, workers, n_mat, per, act_start)
             if m < 0:
                 break
             w = numba.carray(u8_pointer(ptrs[m]), (n_rows, row_bytes))
@@ -372,14 +375,13 @@ def matmul_q8_0(ptrs, n_rows, row_bytes, d, qs, act_rows, act_start, lanes, work
                 wr = w[r]
                 for s in range(a1 - a0):
                     j = act_rows[a0 + s]
-                    y = qs[j]
                     sumf = np.float32(0.0)
                     for i in range(nb):
                         o = i * Q8_0_BYTES
                         sumi = np.int32(0)
                         for x in range(4 * lanes):   # the block's 32 products: a vectorized reduction
                             sumi = np.int32(sumi + np.int32(np.int32(np.int8(wr[U(o + 2 + x)]))
-                                                            * np.int32(y[U(i * QK8_0 + x)])))
+                                                            * np.int32(qs[j, U(i * QK8_0 + x)])))
                         xd = f16(wr[o], wr[o + 1])
                         sumf = np.float32(sumf + np.float32(np.float32(sumi) * np.float32(xd * d[j, i])))
                     out[a0 + s, r] = sumf
@@ -398,10 +400,11 @@ def matmul_f32(ptrs, n_rows, row_bytes, x, act_rows, act_start, workers):
         raise ValueError("matmul_f32: shape mismatch")
     out = np.empty((act_rows.shape[0], n_rows), np.float32)
     per = (n_rows + ROWS_PER_ITEM - 1) // ROWS_PER_ITEM
-    taken = np.zeros(1, np.int64)
-    for _ in prange(workers):
+    taken = work_counters(workers)
+    for tid in prange(workers):
+        share = 0
         while True:
-            m, a0, a1, r0 = take_item(taken, n_mat, per, act_start)
+            m, a0, a1, r0, share = take_item(taken, tid, share, workers, n_mat, per, act_start)
             if m < 0:
                 break
             w = numba.carray(u8_pointer(ptrs[m]), (n_rows, row_bytes)).view(np.float32)

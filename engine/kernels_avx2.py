@@ -37,7 +37,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .kernel_parts import (LANES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, ROWS_PER_ITEM, U, f16, kquant_block_bytes,
-                           mins_term, most_rows, sum_lanes, take_item, u8_pointer)
+                           mins_term, most_rows, sum_lanes, take_item, u8_pointer, work_counters)
 from .qtypes import Q4_K, Q5_K, Q6_K, QK_K
 
 _I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
@@ -64,6 +64,15 @@ def _idx(*v):
 def _data(context, builder, aryty, ary):
     """An array's data as i8*."""
     return builder.bitcast(context.make_array(aryty)(context, builder, ary).data, _I8.as_pointer())
+
+
+def _row(context, builder, aryty, ary, jty, j):
+    """Row j of a C-contiguous 2-D array as i8* (no view: a view in a hot loop costs an
+    atomic reference count on the array, which two threads then fight over)."""
+    a = context.make_array(aryty)(context, builder, ary)
+    stride = cgutils.unpack_tuple(builder, a.strides, 2)[0]
+    j = context.cast(builder, j, jty, types.intp)
+    return builder.gep(builder.bitcast(a.data, _I8.as_pointer()), [builder.mul(j, stride)])
 
 
 def _load(builder, base, byte_offset, ty):
@@ -195,8 +204,8 @@ def _is_bytes(t):
     return isinstance(t, types.Array) and t.ndim == 1 and t.dtype in (types.uint8, types.int8)
 
 
-def _is_array(t, dtype):
-    return isinstance(t, types.Array) and t.ndim == 1 and t.dtype == dtype
+def _is_array(t, dtype, ndim=1):
+    return isinstance(t, types.Array) and t.ndim == ndim and t.dtype == dtype and (ndim == 1 or t.layout == "C")
 
 
 # ----------------------------------------------------------------- intrinsics
@@ -228,48 +237,51 @@ def _unpack_intrinsic(qtype):
 
 
 @intrinsic
-def _dot_lanes(typingctx, u, scw, qtype, y, yo, yoff, aux):
+def _dot_lanes(typingctx, u, scw, qtype, y, j, yo, yoff, aux):
     """aux (int32[8]) = the lane sums of a super-block unpacked by _unpack_* (u, scw) with
-    the lane-major activations y[yo:] (yoff: Q6_K's pair offsets, from yo // 2)."""
+    row j of the lane-major activations y from yo (yoff: Q6_K's pair offsets)."""
     if not (_is_bytes(u) and _is_array(scw, types.int32) and isinstance(qtype, types.IntegerLiteral)
-            and _is_bytes(y) and isinstance(yo, types.Integer) and _is_array(yoff, types.int16)
-            and _is_array(aux, types.int32)):
+            and _is_array(y, types.int8, 2) and isinstance(j, types.Integer) and isinstance(yo, types.Integer)
+            and _is_array(yoff, types.int16, 2) and _is_array(aux, types.int32)):
         return None
     qt = qtype.literal_value
 
     def codegen(context, builder, sig, args):
         b = builder
-        d = {i: _data(context, b, sig.args[i], args[i]) for i in (0, 1, 3, 5, 6)}
-        chunks = [_load(b, d[0], 32 * t, _V32I8) for t in range(8)]
-        words = [b.bitcast(b.shuffle_vector(b.insert_element(ir.Constant(_V8I32, None), _load(b, d[1], 4 * t, _I32),
+        du, dscw, daux = (_data(context, b, sig.args[i], args[i]) for i in (0, 1, 7))
+        y_j, yoff_j = (_row(context, b, sig.args[i], args[i], sig.args[4], args[4]) for i in (3, 6))
+        chunks = [_load(b, du, 32 * t, _V32I8) for t in range(8)]
+        words = [b.bitcast(b.shuffle_vector(b.insert_element(ir.Constant(_V8I32, None), _load(b, dscw, 4 * t, _I32),
                                                              ir.Constant(_I32, 0)),
                                             ir.Constant(_V8I32, None), _idx(*[0] * 8)), _V16I16)
                  for t in range(8)]
-        yo = context.cast(b, args[4], sig.args[4], types.int64)
-        acc = _lane_sums(b, qt, chunks, words, d[3], yo, d[5], yo)   # yoff bytes = yo (2 bytes per pair)
-        _store(b, acc, d[6], 0)
+        yo = context.cast(b, args[5], sig.args[5], types.int64)
+        acc = _lane_sums(b, qt, chunks, words, y_j, yo, yoff_j, yo)   # yoff bytes = yo (2 bytes per pair)
+        _store(b, acc, daux, 0)
         return context.get_dummy_value()
-    return types.none(u, scw, qtype, y, yo, yoff, aux), codegen
+    return types.none(u, scw, qtype, y, j, yo, yoff, aux), codegen
 
 
 def _row_dot_intrinsic(qtype):
-    """(wr, nb, y, yd, extra) -> float32: one weight row of nb super-blocks times one
-    activation row, ggml's generic dot product whole (decode: nothing is stored between
-    the steps). y: lane-major quants; yd: the activation's d per super-block; extra: its
+    """(wr, nb, y, yd, extra, j) -> float32: one weight row of nb super-blocks times
+    activation row j, ggml's generic dot product whole (decode: nothing is stored between
+    the steps). y: lane-major quants; yd: the activations' d per super-block; extra: their
     bsums (Q4_K/Q5_K) or the pair offsets of y (Q6_K). The float work in C order: per
     super-block d = f16(x.d) * y.d, sums[l] += d * (float)aux32[l], then (Q4_K/Q5_K)
     sumf -= (f16(x.dmin) * y.d) * (float)sumi; at the end sumf += sums[l], l = 0..7."""
     bb = _BLOCK_BYTES[qtype]
 
-    def typer(typingctx, wr, nb, y, yd, extra):
-        if not (_is_bytes(wr) and isinstance(nb, types.Integer) and _is_bytes(y)
-                and _is_array(yd, types.float32) and _is_array(extra, types.int16)):
+    def typer(typingctx, wr, nb, y, yd, extra, j):
+        if not (_is_bytes(wr) and isinstance(nb, types.Integer) and _is_array(y, types.int8, 2)
+                and _is_array(yd, types.float32, 2) and _is_array(extra, types.int16, 2)
+                and isinstance(j, types.Integer)):
             return None
-        return types.float32(wr, nb, y, yd, extra), codegen
+        return types.float32(wr, nb, y, yd, extra, j), codegen
 
     def codegen(context, builder, sig, args):
         b = builder
-        w, y, yd, extra = (_data(context, b, sig.args[i], args[i]) for i in (0, 2, 3, 4))
+        w = _data(context, b, sig.args[0], args[0])
+        y, yd, extra = (_row(context, b, sig.args[i], args[i], sig.args[5], args[5]) for i in (2, 3, 4))
         nb = context.cast(b, args[1], sig.args[1], types.int64)
         sums = cgutils.alloca_once_value(b, _splat(_V8F32, 0.0))
         sumf = cgutils.alloca_once_value(b, ir.Constant(_F32, 0.0))
@@ -333,8 +345,9 @@ def matmul_kquant(ptrs, n_rows, row_bytes, qtype, d, qs, bsums, act_rows, act_st
     out = np.empty((act_rows.shape[0], n_rows), np.float32)
     per = (n_rows + ROWS_PER_ITEM - 1) // ROWS_PER_ITEM
     most = most_rows(act_start)
-    taken = np.zeros(1, np.int64)
-    for _ in prange(workers):
+    taken = work_counters(workers)
+    for tid in prange(workers):
+        share = 0
         sums = np.empty((most, LANES), np.float32)   # C: sums[8] of each output
         sumf = np.empty(most, np.float32)            # C: sumf
         scm = np.empty(16, np.int32)                 # one super-block's mins at 8..15
@@ -342,7 +355,7 @@ def matmul_kquant(ptrs, n_rows, row_bytes, qtype, d, qs, bsums, act_rows, act_st
         aux = np.empty(LANES, np.int32)              # C: aux32
         u = np.empty(QK_K, np.uint8)                 # its quants, lane-major
         while True:
-            m, a0, a1, r0 = take_item(taken, n_mat, per, act_start)
+            m, a0, a1, r0, share = take_item(taken, tid, share, workers, n_mat, per, act_start)
             if m < 0:
                 break
             cnt = a1 - a0
@@ -352,11 +365,11 @@ def matmul_kquant(ptrs, n_rows, row_bytes, qtype, d, qs, bsums, act_rows, act_st
                 if cnt == 1:
                     j = act_rows[a0]
                     if qtype == Q4_K:
-                        out[a0, r] = _row_dot_q4_K(wr, nb, yl[j], d[j], bsums[j])
+                        out[a0, r] = _row_dot_q4_K(wr, nb, yl, d, bsums, j)
                     elif qtype == Q5_K:
-                        out[a0, r] = _row_dot_q5_K(wr, nb, yl[j], d[j], bsums[j])
+                        out[a0, r] = _row_dot_q5_K(wr, nb, yl, d, bsums, j)
                     else:
-                        out[a0, r] = _row_dot_q6_K(wr, nb, yl[j], d[j], yoff[j])
+                        out[a0, r] = _row_dot_q6_K(wr, nb, yl, d, yoff, j)
                     continue
                 sums[:cnt] = 0
                 sumf[:cnt] = 0
@@ -371,14 +384,14 @@ def matmul_kquant(ptrs, n_rows, row_bytes, qtype, d, qs, bsums, act_rows, act_st
                     for s in range(cnt):
                         j = act_rows[a0 + s]
                         if qtype == Q6_K:
-                            _dot_lanes(u, scw, Q6_K, yl[j], i * QK_K, yoff[j], aux)
+                            _dot_lanes(u, scw, Q6_K, yl, j, i * QK_K, yoff, aux)
                         else:
-                            _dot_lanes(u, scw, Q4_K, yl[j], i * QK_K, yoff[j], aux)
+                            _dot_lanes(u, scw, Q4_K, yl, j, i * QK_K, yoff, aux)
                         dd = np.float32(f16(wr[o + 208], wr[o + 209]) * d[j, i]) if qtype == Q6_K else \
                             np.float32(f16(wr[o], wr[o + 1]) * d[j, i])
                         for l in range(lanes):
                             sums[s, U(l)] = np.float32(sums[s, U(l)] + np.float32(dd * np.float32(aux[U(l)])))
                         if qtype != Q6_K:
-                            mins_term(f16(wr[o + 2], wr[o + 3]), d[j, i], bsums[j], i, scm, sumf, s)
+                            mins_term(f16(wr[o + 2], wr[o + 3]), d[j, i], bsums, j, i, scm, sumf, s)
                 sum_lanes(sums, sumf, cnt, out, a0, r)
     return out
