@@ -11,7 +11,7 @@ import numpy as np
 from numba import njit, types
 from numba.extending import intrinsic
 
-from .qtypes import Q4_K, Q5_K, Q6_K, Q8_0, QK_K, QTYPES
+from .qtypes import Q4_K, Q5_K, Q6_K, Q8_0, QK8_0, QK_K, QTYPES
 
 # Block sizes as module constants: numba freezes them into the kernels.
 Q8_0_BYTES = QTYPES[Q8_0].block_bytes
@@ -171,6 +171,17 @@ def kquant_block_bytes(qtype, row_bytes, d, qs, bsums, act_rows, act_start, lane
             or lanes != LANES or act_start.shape[0] != n_mat + 1 or not check_rows(n, act_rows, act_start)):
         raise ValueError("matmul_kquant: shape mismatch")
     return bb
+
+
+@njit(cache=True)
+def check_q8_0(n_rows, row_bytes, d, qs, act_rows, act_start, lanes, n_mat):
+    """The blocks per row of a Q8_0 product, once every shape is checked (ValueError)."""
+    n, k = qs.shape
+    nb = k // QK8_0
+    if (k % QK8_0 != 0 or row_bytes != nb * Q8_0_BYTES or d.shape != (n, nb) or lanes != LANES
+            or act_start.shape[0] != n_mat + 1 or not check_rows(n, act_rows, act_start)):
+        raise ValueError("matmul_q8_0: shape mismatch")
+    return nb
 
 
 @njit(cache=True, inline="always")

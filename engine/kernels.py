@@ -35,8 +35,9 @@ Numerics (read against llama.cpp's C sources, not memory):
   vec_dot_type (engine/qtypes.py) once and runs that type's kernel over one matrix or
   several (a layer's experts), each with its own activation rows.
 
-Kernel paths: the k-quant products also exist in engine/kernels_avx2.py (AVX2's byte
-multiply-add over lane-major bytes: the same integers, so the same bits); ``set_kernel_path``
+Kernel paths: the k-quant and Q8_0 products also exist in engine/kernels_avx2.py (AVX2's
+byte multiply-add, for the k-quants over lane-major bytes: the same integers, so the same
+bits); ``set_kernel_path``
 chooses ("auto": the fastest this CPU runs), the engine from ``--kernels`` / SDQ_KERNELS.
 The block sizes, f16 scales and work items both paths use are in engine/kernel_parts.py.
 
@@ -58,7 +59,7 @@ import numpy as np
 from numba import njit, prange
 
 from .kernel_parts import (LANES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES, ROWS_PER_ITEM, U, check_rows,
-                           f16, kquant_block_bytes, mins_term, most_rows, scale_min_k4, sum_lanes, take_item,
+                           f16, check_q8_0, kquant_block_bytes, mins_term, most_rows, scale_min_k4, sum_lanes, take_item,
                            u8_pointer, work_counters)
 from .qtypes import F32, Q4_K, Q5_K, Q6_K, Q8_0, Q8_K, QK8_0, QK_K, qtype_info
 
@@ -66,12 +67,12 @@ from .qtypes import F32, Q4_K, Q5_K, Q6_K, Q8_0, Q8_K, QK8_0, QK_K, qtype_info
 
 # ------------------------------------------------------------- kernel paths
 #
-# The k-quant products exist twice: the portable lane loop below (any CPU numba targets)
+# The k-quant and Q8_0 products exist twice: the portable loops below (any CPU numba targets)
 # and engine/kernels_avx2.py (vpmaddubsw, which numba never emits itself). Both give the
 # same bits; "auto" takes the fastest the CPU runs. The AVX2 module is imported, and so
 # compiled, only when chosen: on a CPU without AVX2 its instructions do not exist.
 KERNEL_PATHS = ("portable", "avx2")
-_path = {"name": "portable", "kquant": None}
+_path = {"name": "portable", "kquant": None, "q8_0": None}
 
 
 def available_paths() -> tuple[str, ...]:
@@ -95,9 +96,9 @@ def set_kernel_path(name: str) -> str:
                          f"available: {', '.join(avail)}")
     if chosen == "avx2":
         from . import kernels_avx2
-        _path.update(name=chosen, kquant=kernels_avx2.matmul_kquant)
+        _path.update(name=chosen, kquant=kernels_avx2.matmul_kquant, q8_0=kernels_avx2.matmul_q8_0)
     else:
-        _path.update(name=chosen, kquant=None)
+        _path.update(name=chosen, kquant=None, q8_0=None)
     return chosen
 
 
@@ -356,11 +357,7 @@ def matmul_q8_0(ptrs, n_rows, row_bytes, d, qs, act_rows, act_start, lanes, work
     """Q8_0 matrices (uint8[n_rows, row_bytes] at ptrs[m]) times Q8_0 activations (d = f16
     values as f32, qs) -> float32[len(act_rows), n_rows] (see above)."""
     n_mat = ptrs.shape[0]
-    n, k = qs.shape
-    nb = k // QK8_0
-    if (k % QK8_0 != 0 or row_bytes != nb * Q8_0_BYTES or d.shape != (n, nb) or lanes != LANES
-            or act_start.shape[0] != n_mat + 1 or not check_rows(n, act_rows, act_start)):
-        raise ValueError("matmul_q8_0: shape mismatch")
+    nb = check_q8_0(n_rows, row_bytes, d, qs, act_rows, act_start, lanes, n_mat)
     out = np.empty((act_rows.shape[0], n_rows), np.float32)
     per = (n_rows + ROWS_PER_ITEM - 1) // ROWS_PER_ITEM
     taken = work_counters(workers)
@@ -578,7 +575,7 @@ def _kquant(qtype: int):
 
 
 def _q8_0(ptrs, n_rows, row_bytes, act_rows, act_start, d, qs):
-    return matmul_q8_0(ptrs, n_rows, row_bytes, d, qs, act_rows, act_start, LANES, get_threads())
+    return (_path["q8_0"] or matmul_q8_0)(ptrs, n_rows, row_bytes, d, qs, act_rows, act_start, LANES, get_threads())
 
 
 def _f32(ptrs, n_rows, row_bytes, act_rows, act_start, x):

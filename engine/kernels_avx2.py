@@ -23,7 +23,8 @@ change by a bit.
 
 The activations (Q8_K quants) are permuted once per call; each weight super-block is
 unpacked into lane-major bytes once and used by every activation row (prefill's
-micro-batch shares the unpacking). Compiled only when chosen (engine/kernels.py's
+micro-batch shares the unpacking). Q8_0 (attention's key projection) is here too: its
+signed products by the sign trick (_row_dot_q8_0). Compiled only when chosen (engine/kernels.py's
 kernel path): on a CPU without AVX2 these instructions do not exist.
 """
 
@@ -36,7 +37,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .kernel_parts import (LANES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, ROWS_PER_ITEM, U, f16, kquant_block_bytes,
+from .kernel_parts import (LANES, Q4_K_BYTES, Q8_0_BYTES, check_q8_0, Q5_K_BYTES, Q6_K_BYTES, ROWS_PER_ITEM, U, f16, kquant_block_bytes,
                            mins_term, most_rows, sum_lanes, take_item, u8_pointer, work_counters)
 from .qtypes import Q4_K, Q5_K, Q6_K, QK_K
 
@@ -394,4 +395,60 @@ def matmul_kquant(ptrs, n_rows, row_bytes, qtype, d, qs, bsums, act_rows, act_st
                         if qtype != Q6_K:
                             mins_term(f16(wr[o + 2], wr[o + 3]), d[j, i], bsums, j, i, scm, sumf, s)
                 sum_lanes(sums, sumf, cnt, out, a0, r)
+    return out
+
+
+@intrinsic
+def _row_dot_q8_0(typingctx, wr, nb, qs, yd, j):
+    """One Q8_0 weight row of nb blocks times activation row j (qs int8, yd its f16 scales
+    as float32): ggml_vec_dot_q8_0_q8_0_generic, sumf += (float)sumi * (x.d * y.d) per block
+    in order. sumi by vpmaddubsw(|w|, y with w's sign) and vpmaddwd: exact because the
+    activations' quants are in [-127, 127] (quantize_q8_0: |x| * 127 / amax rounds to at
+    most 127), so negating one never overflows and a pair is at most 2 * 128 * 127."""
+    if not (_is_bytes(wr) and isinstance(nb, types.Integer) and _is_array(qs, types.int8, 2)
+            and _is_array(yd, types.float32, 2) and isinstance(j, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        b = builder
+        w = _data(context, b, sig.args[0], args[0])
+        y, ydj = (_row(context, b, sig.args[i], args[i], sig.args[4], args[4]) for i in (2, 3))
+        n = context.cast(b, args[1], sig.args[1], types.int64)
+        sumf = cgutils.alloca_once_value(b, ir.Constant(_F32, 0.0))
+        zero = _splat(_V32I8, 0)
+        with cgutils.for_range(b, n) as loop:
+            i = loop.index
+            blk = b.gep(w, [b.mul(i, ir.Constant(i.type, Q8_0_BYTES))])
+            q = _load(b, blk, 2, _V32I8)
+            neg = b.icmp_signed("<", q, zero)
+            yq = _load(b, y, b.mul(i, ir.Constant(i.type, 32)), _V32I8)
+            p = _x86(b, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, b.select(neg, b.sub(zero, q), q),
+                     b.select(neg, b.sub(zero, yq), yq))
+            sumi = _hsum(b, _x86(b, "llvm.x86.avx2.pmadd.wd", _V8I32, p, _splat(_V16I16, 1)))
+            dd = b.fmul(_f16(b, blk, 0), _load(b, ydj, b.mul(i, ir.Constant(i.type, 4)), _F32))
+            b.store(b.fadd(b.load(sumf), b.fmul(b.sitofp(sumi, _F32), dd)), sumf)
+        return b.load(sumf)
+    return types.float32(wr, nb, qs, yd, j), codegen
+
+
+@njit(cache=True, parallel=True)
+def matmul_q8_0(ptrs, n_rows, row_bytes, d, qs, act_rows, act_start, lanes, workers):
+    """engine/kernels.matmul_q8_0's contract and bits, each block's integer sum by
+    vpmaddubsw (see _row_dot_q8_0)."""
+    n_mat = ptrs.shape[0]
+    nb = check_q8_0(n_rows, row_bytes, d, qs, act_rows, act_start, lanes, n_mat)
+    out = np.empty((act_rows.shape[0], n_rows), np.float32)
+    per = (n_rows + ROWS_PER_ITEM - 1) // ROWS_PER_ITEM
+    taken = work_counters(workers)
+    for tid in prange(workers):
+        share = 0
+        while True:
+            m, a0, a1, r0, share = take_item(taken, tid, share, workers, n_mat, per, act_start)
+            if m < 0:
+                break
+            w = numba.carray(u8_pointer(ptrs[m]), (n_rows, row_bytes))
+            for r in range(r0, min(n_rows, r0 + ROWS_PER_ITEM)):
+                wr = w[r]
+                for s in range(a1 - a0):
+                    out[a0 + s, r] = _row_dot_q8_0(wr, nb, qs, d, act_rows[a0 + s])
     return out
