@@ -359,6 +359,18 @@ def test_kernel_paths_agree_on_inf_and_nan_scales(qtype, n):
         assert np.array_equal(_bits(g[~np.isnan(g)]), _bits(want[~np.isnan(want)]))
 
 
+def test_q8_0_activation_quants_never_reach_minus_128():
+    """The AVX2 Q8_0 product negates activation quants by the weights' signs; that is exact
+    only because quantize_q8_0 keeps them within +-127 (x * 127 / amax rounds to at most
+    127), whatever the rows -- ties, one huge value, denormals, all equal."""
+    rng = np.random.default_rng(90)
+    x = np.concatenate([rng.standard_normal((64, 256)).astype(np.float32) * rng.uniform(1e-3, 1e5, (64, 1)).astype(np.float32),
+                        np.full((2, 256), -3.0, np.float32), np.full((2, 256), 1e-40, np.float32),
+                        np.tile(np.float32([-1.0, 1.0]), (2, 128))]).astype(np.float32)
+    _, qs = K.quantize_q8_0(x)
+    assert qs.min() == -127 and qs.max() == 127
+
+
 def _deq_activation(qtype, x):
     if qtype in (T.Q4_K, T.Q5_K, T.Q6_K):
         d, qs, _ = K.quantize_q8_K(x)
