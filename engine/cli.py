@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--selftest", metavar="L:E:N:OUT", help="run one expert through the paged path")
     ap.add_argument("--tokens-in", metavar="FILE", help="evaluate these tokens instead of -p/-n (teacher forcing)")
     ap.add_argument("--kernels", choices=("auto", "portable", "avx2"),
-                    help="k-quant kernels, same bits on each (default: SDQ_KERNELS, else auto: the fastest this CPU runs)")
+                    help="product kernels, same bits on each (default: EPM_KERNELS, else auto: the fastest this CPU runs)")
     ap.add_argument("--pace-fds", metavar="R,W", help="hold each decode step for a byte on fd R, report it on fd W")
     return ap
 
@@ -111,13 +111,13 @@ def _pager_config(a: argparse.Namespace):
 
 
 def _kernel_path(a: argparse.Namespace) -> str:
-    """--kernels, else SDQ_KERNELS, else auto; one a CPU cannot run is the contract's one line."""
+    """--kernels, else EPM_KERNELS, else auto; one a CPU cannot run is the contract's one line."""
     from . import kernels
-    name = a.kernels or os.environ.get("SDQ_KERNELS", "").strip() or "auto"
+    name = a.kernels or os.environ.get("EPM_KERNELS", "").strip() or "auto"
     try:
         return kernels.set_kernel_path(name)
     except ValueError as e:
-        raise ModelError(f"{'--kernels' if a.kernels else 'SDQ_KERNELS'}: {e}") from None
+        raise ModelError(f"{'--kernels' if a.kernels else 'EPM_KERNELS'}: {e}") from None
 
 
 def run(a: argparse.Namespace) -> int:

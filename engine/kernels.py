@@ -38,7 +38,7 @@ Numerics (read against llama.cpp's C sources, not memory):
 Kernel paths: the k-quant and Q8_0 products also exist in engine/kernels_avx2.py (AVX2's
 byte multiply-add, for the k-quants over lane-major bytes: the same integers, so the same
 bits); ``set_kernel_path``
-chooses ("auto": the fastest this CPU runs), the engine from ``--kernels`` / SDQ_KERNELS.
+chooses ("auto": the fastest this CPU runs), the engine from ``--kernels`` / EPM_KERNELS.
 The block sizes, f16 scales and work items both paths use are in engine/kernel_parts.py.
 
 Determinism: the kernels are ``parallel=True``; the matrix products' threads take work items --

@@ -80,7 +80,7 @@ def read_logits(path):
 
 def test_cli_threads_kernels_and_runs_give_byte_identical_logits(ci_model, tmp_path):
     """Runs, thread counts and kernel paths (the portable fallback forced by --kernels or
-    SDQ_KERNELS, and auto: the fastest this CPU runs) give the same bytes."""
+    EPM_KERNELS, and auto: the fastest this CPU runs) give the same bytes."""
     outs = []
     for i, (t, kernels) in enumerate(((1, "auto"), (2, "auto"), (2, "auto"), (1, "portable"), (2, "env"))):
         out = tmp_path / f"l{i}.bin"
@@ -88,7 +88,7 @@ def test_cli_threads_kernels_and_runs_give_byte_identical_logits(ci_model, tmp_p
         r = subprocess.run([sys.executable, "-m", "engine", "-m", str(ci_model), "-p", "The capital of France is",
                             "-n", "6", "-t", str(t), "--no-chat", "--no-pager", "--dump-logits", "--logits-out",
                             str(out), *extra], capture_output=True, text=True, timeout=300,
-                           env={**os.environ, "SDQ_KERNELS": "portable"})
+                           env={**os.environ, "EPM_KERNELS": "portable"})
         assert r.returncode == 0, r.stderr
         outs.append(out.read_bytes())
     assert len(set(outs)) == 1
@@ -103,14 +103,14 @@ def test_cli_kernel_path_it_cannot_use_is_one_line_exit_2(how, tiny_model):
     if how == "flag":
         args += ["--kernels", "avx3"]
     elif how == "env":
-        env["SDQ_KERNELS"] = "avx3"
+        env["EPM_KERNELS"] = "avx3"
     else:
         args += ["--kernels", "avx2"]
         env["NUMBA_CPU_NAME"] = "generic"
     r = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
-    want = {"flag": "--kernels: invalid choice: 'avx3'", "env": "SDQ_KERNELS: kernel path 'avx3'",
+    want = {"flag": "--kernels: invalid choice: 'avx3'", "env": "EPM_KERNELS: kernel path 'avx3'",
             "cpu": "--kernels: kernel path 'avx2': this CPU (or NUMBA_CPU_NAME) does not allow it"}[how]
     assert len(lines) == 1 and want in lines[0], r.stderr
 
