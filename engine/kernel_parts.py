@@ -141,18 +141,6 @@ def scale_min_k4(q, off, j):
     return sc, mn
 
 
-@njit(cache=True, inline="always")
-def mins_term(xm, yd, bsums, j, i, scm, sumf, s):
-    """sumf[s] -= dmin * sumi, sumi = sum_g bsums[j, 16i + g] * mins[g/2] (Q4_K and Q5_K),
-    for activation row j. (Rows are indexed, never sliced, in the kernels' loops: a slice
-    is an atomic reference count on the array, which the threads then fight over.)"""
-    sumi = np.int32(0)
-    for g in range(8):   # bsums[2g], bsums[2g + 1] share mins[g]
-        sumi += (np.int32(bsums[j, i * 16 + 2 * g]) + np.int32(bsums[j, i * 16 + 2 * g + 1])) * scm[8 + g]
-    dmin = np.float32(xm * yd)
-    sumf[s] = np.float32(sumf[s] - np.float32(dmin * np.float32(sumi)))
-
-
 @njit(cache=True)
 def kquant_block_bytes(qtype, row_bytes, d, qs, bsums, act_rows, act_start, lanes, n_mat):
     """The bytes of one super-block of a k-quant product's weights, once every shape is

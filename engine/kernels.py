@@ -59,7 +59,7 @@ import numpy as np
 from numba import njit, prange
 
 from .kernel_parts import (LANES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES, ROWS_PER_ITEM, U, check_rows,
-                           f16, check_q8_0, kquant_block_bytes, mins_term, most_rows, scale_min_k4, sum_lanes, take_item,
+                           f16, check_q8_0, kquant_block_bytes, most_rows, scale_min_k4, sum_lanes, take_item,
                            u8_pointer, work_counters)
 from .qtypes import F32, Q4_K, Q5_K, Q6_K, Q8_0, Q8_K, QK8_0, QK_K, qtype_info
 
@@ -247,6 +247,18 @@ def _scales_mins_k4(wr, off, scm):
         sc, mn = scale_min_k4(wr, off, g)
         scm[g] = sc
         scm[8 + g] = mn
+
+
+@njit(cache=True, inline="always")
+def mins_term(xm, yd, bsums, j, i, scm, sumf, s):
+    """sumf[s] -= dmin * sumi, sumi = sum_g bsums[j, 16i + g] * mins[g/2] (Q4_K and Q5_K),
+    for activation row j. (Rows are indexed, never sliced, in the kernels' loops: a slice
+    is an atomic reference count on the array, which the threads then fight over.)"""
+    sumi = np.int32(0)
+    for g in range(8):   # bsums[2g], bsums[2g + 1] share mins[g]
+        sumi += (np.int32(bsums[j, i * 16 + 2 * g]) + np.int32(bsums[j, i * 16 + 2 * g + 1])) * scm[8 + g]
+    dmin = np.float32(xm * yd)
+    sumf[s] = np.float32(sumf[s] - np.float32(dmin * np.float32(sumi)))
 
 
 @njit(cache=True, inline="always")

@@ -21,11 +21,12 @@ exact in any order, so aux32[l] is the integer the portable kernel forms, and th
 work after it is the portable kernel's, per lane, in ggml's order: the logits do not
 change by a bit.
 
-The activations (Q8_K quants) are permuted once per call; each weight super-block is
-unpacked into lane-major bytes once and used by every activation row (prefill's
-micro-batch shares the unpacking). Q8_0 (attention's key projection) is here too: its
-signed products by the sign trick (_row_dot_q8_0). Compiled only when chosen (engine/kernels.py's
-kernel path): on a CPU without AVX2 these instructions do not exist.
+The activations (Q8_K quants) are permuted once per call. Each product is one intrinsic
+per weight row, everything in registers: with one activation row (decode) the whole dot
+product, with several (prefill) each super-block is unpacked once and used by all of them.
+Q8_0 (attention's key projection) is here too: its signed products by the sign trick
+(_row_dot_q8_0). Compiled only when chosen (engine/kernels.py's kernel path): on a CPU
+without AVX2 these instructions do not exist.
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .kernel_parts import (LANES, Q4_K_BYTES, Q8_0_BYTES, check_q8_0, Q5_K_BYTES, Q6_K_BYTES, ROWS_PER_ITEM, U, f16, kquant_block_bytes,
-                           mins_term, most_rows, sum_lanes, take_item, u8_pointer, work_counters)
+from .kernel_parts import (LANES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES, ROWS_PER_ITEM, check_q8_0,
+                           kquant_block_bytes, most_rows, sum_lanes, take_item, u8_pointer, work_counters)
 from .qtypes import Q4_K, Q5_K, Q6_K, QK_K
 
 _I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
@@ -85,6 +86,11 @@ def _load(builder, base, byte_offset, ty):
 def _store(builder, v, base, byte_offset):
     off = ir.Constant(ir.IntType(64), byte_offset)
     builder.store(v, builder.bitcast(builder.gep(base, [off]), v.type.as_pointer())).align = 1
+
+
+def _store_at(builder, v, base, byte_offset):
+    """Store v at base + byte_offset (an IR value)."""
+    builder.store(v, builder.bitcast(builder.gep(base, [byte_offset]), v.type.as_pointer())).align = 1
 
 
 def _x86(builder, name, ret, *args):
@@ -211,58 +217,6 @@ def _is_array(t, dtype, ndim=1):
 
 # ----------------------------------------------------------------- intrinsics
 
-def _unpack_intrinsic(qtype):
-    """(wr, o, u, scw, scm): the super-block at byte o of row wr -> its quants lane-major
-    in u (uint8[256]), its scale words in scw (int32[8], as vpmaddwd takes them) and, for
-    Q4_K/Q5_K, its mins in scm[8:16] (int32, for kernel_parts.mins_term)."""
-    def typer(typingctx, wr, o, u, scw, scm):
-        if not (_is_bytes(wr) and _is_bytes(u) and isinstance(o, types.Integer)
-                and _is_array(scw, types.int32) and _is_array(scm, types.int32)):
-            return None
-        return types.none(wr, o, u, scw, scm), codegen
-
-    def codegen(context, builder, sig, args):
-        b = builder
-        data = [_data(context, b, t, a) if isinstance(t, types.Array) else a for t, a in zip(sig.args, args)]
-        blk = b.gep(data[0], [context.cast(b, args[1], sig.args[1], types.int64)])
-        for t, chunk in enumerate(_quant_chunks(b, qtype, blk)):
-            _store(b, chunk, data[2], 32 * t)
-        words, mins = _scale_words(b, qtype, blk)
-        for t, w in enumerate(words):
-            _store(b, b.extract_element(b.bitcast(w, _V8I32), ir.Constant(_I32, 0)), data[3], 4 * t)
-        if mins is not None:
-            m = b.shuffle_vector(mins, mins, _idx(*range(0, 16, 2)))
-            _store(b, b.zext(m, _V8I32), data[4], 4 * 8)
-        return context.get_dummy_value()
-    return intrinsic(typer)
-
-
-@intrinsic
-def _dot_lanes(typingctx, u, scw, qtype, y, j, yo, yoff, aux):
-    """aux (int32[8]) = the lane sums of a super-block unpacked by _unpack_* (u, scw) with
-    row j of the lane-major activations y from yo (yoff: Q6_K's pair offsets)."""
-    if not (_is_bytes(u) and _is_array(scw, types.int32) and isinstance(qtype, types.IntegerLiteral)
-            and _is_array(y, types.int8, 2) and isinstance(j, types.Integer) and isinstance(yo, types.Integer)
-            and _is_array(yoff, types.int16, 2) and _is_array(aux, types.int32)):
-        return None
-    qt = qtype.literal_value
-
-    def codegen(context, builder, sig, args):
-        b = builder
-        du, dscw, daux = (_data(context, b, sig.args[i], args[i]) for i in (0, 1, 7))
-        y_j, yoff_j = (_row(context, b, sig.args[i], args[i], sig.args[4], args[4]) for i in (3, 6))
-        chunks = [_load(b, du, 32 * t, _V32I8) for t in range(8)]
-        words = [b.bitcast(b.shuffle_vector(b.insert_element(ir.Constant(_V8I32, None), _load(b, dscw, 4 * t, _I32),
-                                                             ir.Constant(_I32, 0)),
-                                            ir.Constant(_V8I32, None), _idx(*[0] * 8)), _V16I16)
-                 for t in range(8)]
-        yo = context.cast(b, args[5], sig.args[5], types.int64)
-        acc = _lane_sums(b, qt, chunks, words, y_j, yo, yoff_j, yo)   # yoff bytes = yo (2 bytes per pair)
-        _store(b, acc, daux, 0)
-        return context.get_dummy_value()
-    return types.none(u, scw, qtype, y, j, yo, yoff, aux), codegen
-
-
 def _row_dot_intrinsic(qtype):
     """(wr, nb, y, yd, extra, j) -> float32: one weight row of nb super-blocks times
     activation row j, ggml's generic dot product whole (decode: nothing is stored between
@@ -310,9 +264,61 @@ def _row_dot_intrinsic(qtype):
     return intrinsic(typer)
 
 
-_UNPACK = {q: _unpack_intrinsic(q) for q in _BLOCK_BYTES}
-_unpack_q4_K, _unpack_q5_K, _unpack_q6_K = _UNPACK[Q4_K], _UNPACK[Q5_K], _UNPACK[Q6_K]
+def _rows_dot_intrinsic(qtype):
+    """(wr, nb, y, yd, extra, act_rows, a0, cnt, sums, sumf): one weight row times the cnt
+    activation rows act_rows[a0:a0 + cnt] (prefill): each super-block unpacked once, into
+    registers, for all of them; row s's C state -- sums[8] and sumf -- in sums[s], sumf[s]
+    (kernel_parts.sum_lanes ends it). Arguments and float order as _row_dot_*."""
+    bb = _BLOCK_BYTES[qtype]
+
+    def typer(typingctx, wr, nb, y, yd, extra, act_rows, a0, cnt, sums, sumf):
+        if not (_is_bytes(wr) and isinstance(nb, types.Integer) and _is_array(y, types.int8, 2)
+                and _is_array(yd, types.float32, 2) and _is_array(extra, types.int16, 2)
+                and _is_array(act_rows, types.int64) and isinstance(a0, types.Integer)
+                and isinstance(cnt, types.Integer) and _is_array(sums, types.float32, 2)
+                and _is_array(sumf, types.float32)):
+            return None
+        return types.none(wr, nb, y, yd, extra, act_rows, a0, cnt, sums, sumf), codegen
+
+    def codegen(context, builder, sig, args):
+        b = builder
+        w, rows, sums, sumf = (_data(context, b, sig.args[i], args[i]) for i in (0, 5, 8, 9))
+        nb, a0, cnt = (context.cast(b, args[i], sig.args[i], types.int64) for i in (1, 6, 7))
+        i64 = lambda v: ir.Constant(ir.IntType(64), v)
+        with cgutils.for_range(b, cnt) as row:
+            _store_at(b, _splat(_V8F32, 0.0), sums, b.mul(row.index, i64(32)))
+            _store_at(b, ir.Constant(_F32, 0.0), sumf, b.mul(row.index, i64(4)))
+        with cgutils.for_range(b, nb) as blocks:
+            i = blocks.index
+            blk = b.gep(w, [b.mul(i, i64(bb))])
+            words, mins = _scale_words(b, qtype, blk)
+            chunks = _quant_chunks(b, qtype, blk)
+            xd = _f16(b, blk, 208 if qtype == Q6_K else 0)
+            xm = _f16(b, blk, 2) if mins is not None else None
+            yo = b.mul(i, i64(QK_K))
+            with cgutils.for_range(b, cnt) as row:
+                s = row.index
+                j = _load(b, rows, b.mul(b.add(a0, s), i64(8)), ir.IntType(64))
+                y, ydj, extra = (_row(context, b, sig.args[k], args[k], types.int64, j) for k in (2, 3, 4))
+                acc = _lane_sums(b, qtype, chunks, words, y, yo, extra, yo)
+                ydi = _load(b, ydj, b.mul(i, i64(4)), _F32)
+                d = b.fmul(xd, ydi)
+                dv = b.shuffle_vector(b.insert_element(ir.Constant(_V8F32, None), d, ir.Constant(_I32, 0)),
+                                      ir.Constant(_V8F32, None), _idx(*[0] * 8))
+                at = b.mul(s, i64(32))
+                _store_at(b, b.fadd(_load(b, sums, at, _V8F32), b.fmul(dv, b.sitofp(acc, _V8F32))), sums, at)
+                if mins is not None:
+                    bs = _load(b, extra, b.mul(i, i64(32)), _V16I16)
+                    sumi = _hsum(b, _x86(b, "llvm.x86.avx2.pmadd.wd", _V8I32, bs, mins))
+                    at = b.mul(s, i64(4))
+                    _store_at(b, b.fsub(_load(b, sumf, at, _F32), b.fmul(b.fmul(xm, ydi), b.sitofp(sumi, _F32))),
+                              sumf, at)
+        return context.get_dummy_value()
+    return intrinsic(typer)
+
+
 _row_dot_q4_K, _row_dot_q5_K, _row_dot_q6_K = (_row_dot_intrinsic(q) for q in (Q4_K, Q5_K, Q6_K))
+_rows_dot_q4_K, _rows_dot_q5_K, _rows_dot_q6_K = (_rows_dot_intrinsic(q) for q in (Q4_K, Q5_K, Q6_K))
 
 
 # ----------------------------------------------------------------- the kernel
@@ -340,7 +346,7 @@ def matmul_kquant(ptrs, n_rows, row_bytes, qtype, d, qs, bsums, act_rows, act_st
     (decode) is one fused dot product; with several (prefill), each super-block is
     unpacked once and used by every row."""
     n_mat = ptrs.shape[0]
-    bb = kquant_block_bytes(qtype, row_bytes, d, qs, bsums, act_rows, act_start, lanes, n_mat)
+    kquant_block_bytes(qtype, row_bytes, d, qs, bsums, act_rows, act_start, lanes, n_mat)
     nb = qs.shape[1] // QK_K
     yl, yoff = lane_major_activations(qs)
     out = np.empty((act_rows.shape[0], n_rows), np.float32)
@@ -351,10 +357,6 @@ def matmul_kquant(ptrs, n_rows, row_bytes, qtype, d, qs, bsums, act_rows, act_st
         share = 0
         sums = np.empty((most, LANES), np.float32)   # C: sums[8] of each output
         sumf = np.empty(most, np.float32)            # C: sumf
-        scm = np.empty(16, np.int32)                 # one super-block's mins at 8..15
-        scw = np.empty(8, np.int32)                  # its scales as vpmaddwd's word pairs
-        aux = np.empty(LANES, np.int32)              # C: aux32
-        u = np.empty(QK_K, np.uint8)                 # its quants, lane-major
         while True:
             m, a0, a1, r0, share = take_item(taken, tid, share, workers, n_mat, per, act_start)
             if m < 0:
@@ -372,28 +374,12 @@ def matmul_kquant(ptrs, n_rows, row_bytes, qtype, d, qs, bsums, act_rows, act_st
                     else:
                         out[a0, r] = _row_dot_q6_K(wr, nb, yl, d, yoff, j)
                     continue
-                sums[:cnt] = 0
-                sumf[:cnt] = 0
-                for i in range(nb):
-                    o = i * bb
-                    if qtype == Q4_K:
-                        _unpack_q4_K(wr, o, u, scw, scm)
-                    elif qtype == Q5_K:
-                        _unpack_q5_K(wr, o, u, scw, scm)
-                    else:
-                        _unpack_q6_K(wr, o, u, scw, scm)
-                    for s in range(cnt):
-                        j = act_rows[a0 + s]
-                        if qtype == Q6_K:
-                            _dot_lanes(u, scw, Q6_K, yl, j, i * QK_K, yoff, aux)
-                        else:
-                            _dot_lanes(u, scw, Q4_K, yl, j, i * QK_K, yoff, aux)
-                        dd = np.float32(f16(wr[o + 208], wr[o + 209]) * d[j, i]) if qtype == Q6_K else \
-                            np.float32(f16(wr[o], wr[o + 1]) * d[j, i])
-                        for l in range(lanes):
-                            sums[s, U(l)] = np.float32(sums[s, U(l)] + np.float32(dd * np.float32(aux[U(l)])))
-                        if qtype != Q6_K:
-                            mins_term(f16(wr[o + 2], wr[o + 3]), d[j, i], bsums, j, i, scm, sumf, s)
+                if qtype == Q4_K:
+                    _rows_dot_q4_K(wr, nb, yl, d, bsums, act_rows, a0, cnt, sums, sumf)
+                elif qtype == Q5_K:
+                    _rows_dot_q5_K(wr, nb, yl, d, bsums, act_rows, a0, cnt, sums, sumf)
+                else:
+                    _rows_dot_q6_K(wr, nb, yl, d, yoff, act_rows, a0, cnt, sums, sumf)
                 sum_lanes(sums, sumf, cnt, out, a0, r)
     return out
 
