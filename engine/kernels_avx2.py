@@ -324,18 +324,20 @@ _rows_dot_q4_K, _rows_dot_q5_K, _rows_dot_q6_K = (_rows_dot_intrinsic(q) for q i
 # ----------------------------------------------------------------- the kernel
 
 @njit(cache=True)
-def lane_major_activations(qs):
-    """Q8_K quants int8[n, k] -> (the same in lane-major order per 32 values, the int16
-    pair offsets 32 * (y[2w] + y[2w + 1]) of that order that Q6_K's unsigned quants need)."""
+def lane_major_activations(qs, offsets):
+    """Q8_K quants int8[n, k] -> (the same in lane-major order per 32 values, and with
+    `offsets` (Q6_K) the int16 pair offsets 32 * (y[2w] + y[2w + 1]) of that order that its
+    unsigned quants need; int16[n, 0] otherwise, never read)."""
     n, k = qs.shape
     yl = np.empty((n, k), np.int8)
-    yoff = np.empty((n, k // 2), np.int16)
+    yoff = np.empty((n, k // 2 if offsets else 0), np.int16)
     for r in range(n):
         for c in range(k // 32):
             for j in range(32):
                 yl[r, 32 * c + j] = qs[r, 32 * c + 8 * (j % 4) + j // 4]
-        for w in range(k // 2):
-            yoff[r, w] = 32 * (np.int16(yl[r, 2 * w]) + np.int16(yl[r, 2 * w + 1]))
+        if offsets:
+            for w in range(k // 2):
+                yoff[r, w] = 32 * (np.int16(yl[r, 2 * w]) + np.int16(yl[r, 2 * w + 1]))
     return yl, yoff
 
 
@@ -348,7 +350,7 @@ def matmul_kquant(ptrs, n_rows, row_bytes, qtype, d, qs, bsums, act_rows, act_st
     n_mat = ptrs.shape[0]
     kquant_block_bytes(qtype, row_bytes, d, qs, bsums, act_rows, act_start, lanes, n_mat)
     nb = qs.shape[1] // QK_K
-    yl, yoff = lane_major_activations(qs)
+    yl, yoff = lane_major_activations(qs, qtype == Q6_K)
     out = np.empty((act_rows.shape[0], n_rows), np.float32)
     per = (n_rows + ROWS_PER_ITEM - 1) // ROWS_PER_ITEM
     most = most_rows(act_start)

@@ -56,6 +56,42 @@ def test_kernel_paths_are_chosen_by_the_cpu(monkeypatch):
         K.set_kernel_path(old)
 
 
+def test_each_kernel_path_runs_its_own_kernels(monkeypatch):
+    """Choosing a path changes which kernels run (the bit-for-bit tests of the paths would
+    pass trivially if "avx2" quietly ran the portable kernels), and the engine's "auto"
+    takes the fastest path the CPU runs."""
+    if "avx2" not in K.available_paths():
+        pytest.skip("this CPU runs only the portable kernels")
+    import engine.kernels_avx2 as A
+    calls = []
+    for name in ("matmul_kquant", "matmul_q8_0"):
+        good = getattr(A, name)
+        monkeypatch.setattr(A, name, lambda *a, good=good, name=name: calls.append(name) or good(*a))
+    rng = np.random.default_rng(11)
+    x = _activations(rng, 2, 256)
+    old = K.kernel_path()
+    try:
+        for path, want in (("portable", []), ("avx2", ["matmul_kquant", "matmul_q8_0"])):
+            calls.clear()
+            K.set_kernel_path(path)
+            for qtype in (T.Q4_K, T.Q8_0):
+                K.matmul(rand_weights(rng, qtype, 16, 256), qtype, x)
+            assert calls == want, path
+    finally:
+        K.set_kernel_path(old)
+
+
+def test_engine_auto_takes_the_fastest_path(tiny_model):
+    from engine.runtime import Engine, Options
+    old = K.kernel_path()
+    try:
+        K.set_kernel_path("portable")
+        Engine(str(tiny_model), Options(n_ctx=32, pager=False)).close()
+        assert K.kernel_path() == K.available_paths()[-1]
+    finally:
+        K.set_kernel_path(old)
+
+
 def test_qtype_table_is_ggmls_and_the_loaders():
     """One table of the engine's types: gguf-py's block sizes, ggml-cpu's vec_dot types,
     and exactly the types the loader accepts."""
