@@ -17,6 +17,7 @@ from .model import ExpertStore, Model, ResidentExperts, kv_cache_bytes
 from .paging.config import PagerConfig
 from .qwen35moe import Qwen35Model, state_bytes
 from .stats import PhaseStats, phase_counters
+from .warmup import warm_up
 
 # The forward pass of each architecture, and the bytes it keeps between micro-batches
 # (KV cache; qwen35moe: attention layers only, plus the delta nets' state).
@@ -61,6 +62,8 @@ class Engine:
             if self.options.pager:
                 self.experts.start()
             self.gm.load_resident()
+            # no kernel is prepared inside a timed phase
+            warm_up(forward, self.gm, self.experts.predictor if self.options.pager else None)
             self.model: Model = forward(self.gm, self.experts, self.options.n_ctx)
         except BaseException:
             self.close()   # stop the pager's reader threads
