@@ -98,14 +98,25 @@ def _x86(builder, name, ret, *args):
     return builder.call(fn, args)
 
 
-def _f16(builder, blk, off):
-    """The f16 at blk + off as float32, exactly as kernel_parts.f16 (a NaN is the quiet NaN
-    0x7FC00000 with the f16's sign, whatever its payload)."""
-    h = _load(builder, blk, off, _I16)
-    f = builder.fpext(builder.bitcast(h, ir.HalfType()), _F32)
-    sign = builder.shl(builder.zext(builder.and_(h, ir.Constant(_I16, 0x8000)), _I32), ir.Constant(_I32, 16))
-    nan = builder.bitcast(builder.or_(sign, ir.Constant(_I32, 0x7FC00000)), _F32)
-    return builder.select(builder.fcmp_unordered("uno", f, f), nan, f)
+def _f16s(builder, blk, off, n):
+    """The n consecutive f16 at blk + off as float32 values, exactly as kernel_parts.f16 (a
+    NaN is the quiet NaN 0x7FC00000 with the f16's sign, whatever its payload); converted
+    together (a super-block's d and dmin are adjacent)."""
+    b = builder
+    vi16, vi32, vf32 = ir.VectorType(_I16, n), ir.VectorType(_I32, n), ir.VectorType(_F32, n)
+    h = _load(b, blk, off, vi16)
+    f = b.fpext(b.bitcast(h, ir.VectorType(ir.HalfType(), n)), vf32)
+    sign = b.shl(b.zext(b.and_(h, _splat(vi16, 0x8000)), vi32), _splat(vi32, 16))
+    nan = b.bitcast(b.or_(sign, _splat(vi32, 0x7FC00000)), vf32)
+    f = b.select(b.fcmp_unordered("uno", f, f), nan, f)
+    return [b.extract_element(f, ir.Constant(_I32, i)) for i in range(n)]
+
+
+def _block_scales(builder, qtype, blk):
+    """A super-block's (d, dmin) as float32; dmin None for Q6_K."""
+    if qtype == Q6_K:
+        return _f16s(builder, blk, 208, 1)[0], None
+    return tuple(_f16s(builder, blk, 0, 2))
 
 
 def _lane_major(builder, blk, off):
@@ -174,11 +185,16 @@ def _scale_words(builder, qtype, blk):
         return [b.shuffle_vector(sc, ir.Constant(_V16I16, None), _idx(*[2 * t, 2 * t + 1] * 8))
                 for t in range(8)], None
     sc8, mn8 = _scales_mins_k4(b, blk)
-    sc = b.zext(sc8, ir.VectorType(_I16, 8))
-    undef = ir.Constant(ir.VectorType(_I16, 8), None)
-    words = [b.shuffle_vector(sc, undef, _idx(*[t] * 16)) for t in range(8)]
-    mins = b.shuffle_vector(b.zext(mn8, ir.VectorType(_I16, 8)), undef, _idx(*[g // 2 for g in range(16)]))
-    return words, mins
+    # the 8 bytes in every quadword, then per word vector one in-lane byte shuffle (vpshufb):
+    # word j = byte at(j) zero-extended (the zero from the second source), at(j) in j's lane
+    i64 = ir.IntType(64)
+    quads = lambda v: b.bitcast(b.shuffle_vector(b.bitcast(v, ir.VectorType(i64, 1)),
+                                                 ir.Constant(ir.VectorType(i64, 1), None), _idx(0, 0, 0, 0)), _V32I8)
+    zero = _splat(_V32I8, 0)
+    words = lambda v, at: b.bitcast(b.shuffle_vector(v, zero, _idx(*[x for j in range(16)
+                                                                     for x in (at(j) + 16 * (j >= 8), 32)])), _V16I16)
+    sc, mn = quads(sc8), quads(mn8)
+    return [words(sc, lambda j, t=t: t) for t in range(8)], words(mn, lambda j: j // 2)
 
 
 def _lane_sums(builder, qtype, chunks, words, y, yo, yoff, oo):
@@ -247,14 +263,15 @@ def _row_dot_intrinsic(qtype):
             yo = b.mul(i, ir.Constant(i.type, QK_K))
             acc = _lane_sums(b, qtype, _quant_chunks(b, qtype, blk), words, y, yo, extra, yo)
             ydi = _load(b, yd, b.mul(i, ir.Constant(i.type, 4)), _F32)
-            d = b.fmul(_f16(b, blk, 208 if qtype == Q6_K else 0), ydi)
+            xd, xm = _block_scales(b, qtype, blk)
+            d = b.fmul(xd, ydi)
             dv = b.shuffle_vector(b.insert_element(ir.Constant(_V8F32, None), d, ir.Constant(_I32, 0)),
                                   ir.Constant(_V8F32, None), _idx(*[0] * 8))
             b.store(b.fadd(b.load(sums), b.fmul(dv, b.sitofp(acc, _V8F32))), sums)
             if mins is not None:
                 bs = _load(b, extra, b.mul(i, ir.Constant(i.type, 32)), _V16I16)
                 sumi = _hsum(b, _x86(b, "llvm.x86.avx2.pmadd.wd", _V8I32, bs, mins))
-                dmin = b.fmul(_f16(b, blk, 2), ydi)
+                dmin = b.fmul(xm, ydi)
                 b.store(b.fsub(b.load(sumf), b.fmul(dmin, b.sitofp(sumi, _F32))), sumf)
         acc = b.load(sumf)
         s = b.load(sums)
@@ -293,8 +310,7 @@ def _rows_dot_intrinsic(qtype):
             blk = b.gep(w, [b.mul(i, i64(bb))])
             words, mins = _scale_words(b, qtype, blk)
             chunks = _quant_chunks(b, qtype, blk)
-            xd = _f16(b, blk, 208 if qtype == Q6_K else 0)
-            xm = _f16(b, blk, 2) if mins is not None else None
+            xd, xm = _block_scales(b, qtype, blk)
             yo = b.mul(i, i64(QK_K))
             with cgutils.for_range(b, cnt) as row:
                 s = row.index
@@ -413,7 +429,7 @@ def _row_dot_q8_0(typingctx, wr, nb, qs, yd, j):
             p = _x86(b, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, b.select(neg, b.sub(zero, q), q),
                      b.select(neg, b.sub(zero, yq), yq))
             sumi = _hsum(b, _x86(b, "llvm.x86.avx2.pmadd.wd", _V8I32, p, _splat(_V16I16, 1)))
-            dd = b.fmul(_f16(b, blk, 0), _load(b, ydj, b.mul(i, ir.Constant(i.type, 4)), _F32))
+            dd = b.fmul(_f16s(b, blk, 0, 1)[0], _load(b, ydj, b.mul(i, ir.Constant(i.type, 4)), _F32))
             b.store(b.fadd(b.load(sumf), b.fmul(b.sitofp(sumi, _F32), dd)), sumf)
         return b.load(sumf)
     return types.float32(wr, nb, qs, yd, j), codegen
