@@ -98,6 +98,23 @@ def _x86(builder, name, ret, *args):
     return builder.call(fn, args)
 
 
+# How far ahead of the block being multiplied its weight row's stream is prefetched.
+# A decode product is bound by how fast one core streams the weights from memory (a Q4_K
+# product runs no faster with its integer work removed), and the hardware prefetcher alone
+# kept too few lines in flight: 8 KiB ahead made the Q4_K product ~15 % faster.
+PREFETCH_AHEAD = 8192
+
+
+def _prefetch(builder, base, nbytes):
+    """Prefetch the cache lines of base + PREFETCH_AHEAD .. + nbytes (a hint: it never
+    faults, past the end of a matrix included, and changes no result)."""
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [_I8.as_pointer(), _I32, _I32, _I32]),
+                                        "llvm.prefetch.p0")
+    for off in range(0, nbytes, 64):
+        at = builder.gep(base, [ir.Constant(ir.IntType(64), PREFETCH_AHEAD + off)])
+        builder.call(fn, [at, ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
+
+
 def _f16s(builder, blk, off, n):
     """The n consecutive f16 at blk + off as float32 values, exactly as kernel_parts.f16 (a
     NaN is the quiet NaN 0x7FC00000 with the f16's sign, whatever its payload); converted
@@ -259,6 +276,7 @@ def _row_dot_intrinsic(qtype):
         with cgutils.for_range(b, nb) as loop:
             i = loop.index
             blk = b.gep(w, [b.mul(i, ir.Constant(i.type, bb))])
+            _prefetch(b, blk, bb)
             words, mins = _scale_words(b, qtype, blk)
             yo = b.mul(i, ir.Constant(i.type, QK_K))
             acc = _lane_sums(b, qtype, _quant_chunks(b, qtype, blk), words, y, yo, extra, yo)
@@ -308,6 +326,7 @@ def _rows_dot_intrinsic(qtype):
         with cgutils.for_range(b, nb) as blocks:
             i = blocks.index
             blk = b.gep(w, [b.mul(i, i64(bb))])
+            _prefetch(b, blk, bb)
             words, mins = _scale_words(b, qtype, blk)
             chunks = _quant_chunks(b, qtype, blk)
             xd, xm = _block_scales(b, qtype, blk)
