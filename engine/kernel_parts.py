@@ -1,5 +1,5 @@
 """The pieces every product kernel shares (engine/kernels.py's portable kernels and
-engine/kernels_avx2.py's): ggml's block sizes, exact f16 scales, k-quant scales and mins,
+engine/kernels_x86.py's): ggml's block sizes, exact f16 scales, k-quant scales and mins,
 and the work items a parallel region's threads take off a shared counter (see
 engine/kernels.py, "matrix products")."""
 

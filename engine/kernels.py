@@ -35,7 +35,7 @@ Numerics (read against llama.cpp's C sources, not memory):
   vec_dot_type (engine/qtypes.py) once and runs that type's kernel over one matrix or
   several (a layer's experts), each with its own activation rows.
 
-Kernel paths: the k-quant and Q8_0 products also exist in engine/kernels_avx2.py (AVX2's
+Kernel paths: the k-quant and Q8_0 products also exist in engine/kernels_x86.py (AVX2's
 byte multiply-add, for the k-quants over lane-major bytes: the same integers, so the same
 bits); ``set_kernel_path``
 chooses ("auto": the fastest this CPU runs), the engine from ``--kernels`` / EPM_KERNELS.
@@ -67,25 +67,31 @@ from .qtypes import F32, Q4_K, Q5_K, Q6_K, Q8_0, Q8_K, QK8_0, QK_K, qtype_info
 
 # ------------------------------------------------------------- kernel paths
 #
-# The k-quant and Q8_0 products exist twice: the portable loops below (any CPU numba targets)
-# and engine/kernels_avx2.py (vpmaddubsw, which numba never emits itself). Both give the
-# same bits; "auto" takes the fastest the CPU runs. The AVX2 module is imported, and so
-# compiled, only when chosen: on a CPU without AVX2 its instructions do not exist.
-KERNEL_PATHS = ("portable", "avx2")
+# The k-quant and Q8_0 products exist as the portable loops below (any CPU numba targets)
+# and in engine/kernels_x86.py (vpmaddubsw, which numba never emits itself), whose k-quant
+# products run on 256-bit vectors ("avx2") or 512-bit ones ("avx512": AVX-512BW/VL; its
+# Q8_0 product is AVX2's). All give the same bits; "auto" takes the fastest the CPU runs.
+# The SIMD module is imported, and each width compiled, only when chosen: on a CPU without
+# the extension its instructions do not exist.
+KERNEL_PATHS = ("portable", "avx2", "avx512")
 _path = {"name": "portable", "kquant": None, "q8_0": None}
 
 
 def available_paths() -> tuple[str, ...]:
     """The kernel paths this CPU runs, slowest first. AVX2 needs AVX2 and F16C (the f16
-    scales) and numba compiling for this host (NUMBA_CPU_NAME unset or "host")."""
+    scales) and numba compiling for this host (NUMBA_CPU_NAME unset or "host"); AVX-512
+    needs those and AVX-512 F, BW (the byte and word multiply-adds) and VL."""
     from llvmlite import binding
     host = numba.config.CPU_NAME in (None, "host")
-    features = binding.get_host_cpu_features()
-    return ("portable", "avx2") if host and features.get("avx2") and features.get("f16c") else ("portable",)
+    has = binding.get_host_cpu_features()
+    if not (host and has.get("avx2") and has.get("f16c")):
+        return ("portable",)
+    return ("portable", "avx2", "avx512") if all(has.get(f) for f in ("avx512f", "avx512bw", "avx512vl")) else \
+        ("portable", "avx2")
 
 
 def set_kernel_path(name: str) -> str:
-    """Choose the k-quant kernels: "auto" (the fastest available), "portable" or "avx2".
+    """Choose the k-quant kernels: "auto" (the fastest available), "portable", "avx2" or "avx512".
     ValueError names a path that does not exist or that this CPU cannot run."""
     avail = available_paths()
     chosen = avail[-1] if name == "auto" else name
@@ -94,9 +100,10 @@ def set_kernel_path(name: str) -> str:
     if chosen not in avail:
         raise ValueError(f"kernel path {name!r}: this CPU (or NUMBA_CPU_NAME) does not allow it; "
                          f"available: {', '.join(avail)}")
-    if chosen == "avx2":
-        from . import kernels_avx2
-        _path.update(name=chosen, kquant=kernels_avx2.matmul_kquant, q8_0=kernels_avx2.matmul_q8_0)
+    if chosen in ("avx2", "avx512"):
+        from . import kernels_x86
+        _path.update(name=chosen, q8_0=kernels_x86.matmul_q8_0, kquant=kernels_x86.matmul_kquant_512
+                     if chosen == "avx512" else kernels_x86.matmul_kquant)
     else:
         _path.update(name=chosen, kquant=None, q8_0=None)
     return chosen

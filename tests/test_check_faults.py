@@ -23,12 +23,13 @@ def test_kernel_catches_wrong_q6k_scale(tmp_path, tiny_model):
     ones pass."""
     cmd = broken_engine(tmp_path, """
         import engine.kernels as K
-        import engine.kernels_avx2 as A
+        import engine.kernels_x86 as A
 
         def broken(good):
             return lambda ptrs, n_rows, row_bytes, qtype, *rest: (
                 good(ptrs, n_rows, row_bytes, qtype, *rest) * np.float32(1.002 if qtype == K.Q6_K else 1.0))
-        K.matmul_kquant, A.matmul_kquant = broken(K.matmul_kquant), broken(A.matmul_kquant)
+        K.matmul_kquant, A.matmul_kquant, A.matmul_kquant_512 = (broken(K.matmul_kquant), broken(A.matmul_kquant),
+                                                                 broken(A.matmul_kquant_512))
     """)
     rc, rep = run_check(tmp_path, tiny_model, cmd, "--suites", "kernel",
                         "--set", "kernel.pairs=[[0, 0], [1, 7]]")

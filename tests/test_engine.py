@@ -242,4 +242,4 @@ def test_no_kernel_is_prepared_inside_a_timed_phase(model, pager, kernels, reque
 def test_without_the_warm_up_kernels_are_prepared_inside_the_timed_phases(tiny_model):
     """The check above can fail: with the warm-up stubbed out, the generation prepares them."""
     new = _specializations_prepared_while_timed(tiny_model, "resident", "auto", "cold")
-    assert "engine.kernels_avx2.matmul_kquant" in new or "engine.kernels.matmul_kquant" in new, new
+    assert any(name.split(".")[-1].startswith("matmul_kquant") for name in new), new

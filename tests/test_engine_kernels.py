@@ -44,7 +44,7 @@ def test_kernel_paths_are_chosen_by_the_cpu(monkeypatch):
     try:
         assert K.set_kernel_path("auto") == K.available_paths()[-1]
         assert K.set_kernel_path("portable") == "portable" == K.kernel_path()
-        with pytest.raises(ValueError, match="'avx3'.*expected auto or one of portable, avx2"):
+        with pytest.raises(ValueError, match="'avx3'.*expected auto or one of portable, avx2, avx512"):
             K.set_kernel_path("avx3")
         with monkeypatch.context() as m:
             m.setattr(K.numba.config, "CPU_NAME", "generic")   # numba not compiling for this host
@@ -56,22 +56,43 @@ def test_kernel_paths_are_chosen_by_the_cpu(monkeypatch):
         K.set_kernel_path(old)
 
 
+@pytest.mark.parametrize("features, paths", [
+    ({"avx2": True, "f16c": True}, ("portable", "avx2")),
+    ({"avx2": True, "f16c": True, "avx512f": True, "avx512vl": True}, ("portable", "avx2")),   # no BW
+    ({"avx2": True, "f16c": True, "avx512f": True, "avx512bw": True, "avx512vl": True}, ("portable", "avx2", "avx512")),
+    ({"avx2": True, "avx512f": True, "avx512bw": True, "avx512vl": True}, ("portable",)),   # no F16C
+])
+def test_each_path_needs_its_cpu_features(features, paths, monkeypatch):
+    """What a CPU reports decides the paths: AVX-512 only with F, BW and VL on top of AVX2 and
+    F16C; a path the CPU lacks is refused by name, so an AVX2-only machine falls back to avx2."""
+    import llvmlite.binding
+    monkeypatch.setattr(llvmlite.binding, "get_host_cpu_features", lambda: features)
+    assert K.available_paths() == paths
+    if "avx512" not in paths:
+        with pytest.raises(ValueError, match="'avx512'.*does not allow it"):
+            K.set_kernel_path("avx512")
+
+
 def test_each_kernel_path_runs_its_own_kernels(monkeypatch):
     """Choosing a path changes which kernels run (the bit-for-bit tests of the paths would
-    pass trivially if "avx2" quietly ran the portable kernels), and the engine's "auto"
+    pass trivially if "avx2" quietly ran the portable kernels, or "avx512" the 256-bit ones),
+    and the engine's "auto"
     takes the fastest path the CPU runs."""
     if "avx2" not in K.available_paths():
         pytest.skip("this CPU runs only the portable kernels")
-    import engine.kernels_avx2 as A
+    import engine.kernels_x86 as A
     calls = []
-    for name in ("matmul_kquant", "matmul_q8_0"):
+    for name in ("matmul_kquant", "matmul_kquant_512", "matmul_q8_0"):
         good = getattr(A, name)
         monkeypatch.setattr(A, name, lambda *a, good=good, name=name: calls.append(name) or good(*a))
     rng = np.random.default_rng(11)
     x = _activations(rng, 2, 256)
     old = K.kernel_path()
     try:
-        for path, want in (("portable", []), ("avx2", ["matmul_kquant", "matmul_q8_0"])):
+        for path, want in (("portable", []), ("avx2", ["matmul_kquant", "matmul_q8_0"]),
+                           ("avx512", ["matmul_kquant_512", "matmul_q8_0"])):
+            if path not in K.available_paths():
+                continue
             calls.clear()
             K.set_kernel_path(path)
             for qtype in (T.Q4_K, T.Q8_0):

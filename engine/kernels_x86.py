@@ -1,6 +1,7 @@
-"""The k-quant products with AVX2's byte multiply-add (`vpmaddubsw`), which numba's code
+"""The k-quant products with x86's byte multiply-add (`vpmaddubsw`), which numba's code
 generation never picks: the same integers as engine/kernels.py's portable lane loop,
-formed 32 products per instruction instead of 8.
+formed 32 products per instruction (AVX2, 256-bit vectors) or 64 (AVX-512BW, 512-bit)
+instead of 8.
 
 ggml's generic dot product keeps 8 int32 lane sums per super-block (lane l = value
 position mod 8, `aux32[l]`) and does its float work per lane, so the lanes must stay
@@ -21,12 +22,17 @@ exact in any order, so aux32[l] is the integer the portable kernel forms, and th
 work after it is the portable kernel's, per lane, in ggml's order: the logits do not
 change by a bit.
 
+With 512-bit vectors each holds two chunks of 32 (CHUNK_GROUPS: the two halves of one
+64-byte load), the activations are laid out in the same chunk order, and the two halves'
+lane sums are added lane by lane: the same aux32[l].
+
 The activations (Q8_K quants) are permuted once per call. Each product is one intrinsic
 per weight row, everything in registers: with one activation row (decode) the whole dot
 product, with several (prefill) each super-block is unpacked once and used by all of them.
 Q8_0 (attention's key projection) is here too: its signed products by the sign trick
-(_row_dot_q8_0). Compiled only when chosen (engine/kernels.py's kernel path): on a CPU
-without AVX2 these instructions do not exist.
+(_row_dot_q8_0), on 256-bit vectors for both paths. Compiled only when chosen (engine/kernels.py's
+kernel path), each width on its own: on a CPU
+without the extension its instructions do not exist.
 """
 
 from __future__ import annotations
@@ -48,8 +54,6 @@ _V32I8 = ir.VectorType(_I8, 32)
 _V16I16 = ir.VectorType(_I16, 16)
 _V8I32 = ir.VectorType(_I32, 8)
 _V8F32 = ir.VectorType(_F32, 8)
-# byte 4l + M of a lane-major chunk is value 8M + l of ggml's order
-_LANE_MAJOR = ir.Constant(ir.VectorType(_I32, 32), [8 * (j % 4) + j // 4 for j in range(32)])
 _BLOCK_BYTES = {Q4_K: Q4_K_BYTES, Q5_K: Q5_K_BYTES, Q6_K: Q6_K_BYTES}
 
 
@@ -136,42 +140,63 @@ def _block_scales(builder, qtype, blk):
     return tuple(_f16s(builder, blk, 0, 2))
 
 
-def _lane_major(builder, blk, off):
-    return builder.shuffle_vector(_load(builder, blk, off, _V32I8), ir.Constant(_V32I8, None), _LANE_MAJOR)
+def _cat(builder, vs):
+    """Vectors of one type, concatenated (a single one as it is)."""
+    while len(vs) > 1:
+        n = vs[0].type.count
+        vs = [builder.shuffle_vector(vs[i], vs[i + 1], _idx(*range(2 * n))) for i in range(0, len(vs), 2)]
+    return vs[0]
 
 
-def _quant_chunks(builder, qtype, blk):
-    """A super-block's 256 quants as 8 lane-major chunks of 32 (values 32T..32T + 31),
-    unsigned: Q4_K 0..15, Q5_K 0..31, Q6_K q + 32 = 0..63."""
+def _lane_major(builder, blk, offs):
+    """The 32 bytes at blk + o for each o in offs, concatenated, each 32 in lane-major order
+    (one 64-byte load and one byte permutation when the offsets are adjacent)."""
+    v = _cat(builder, [_load(builder, blk, o, _V32I8) for o in offs])
+    order = [32 * (j // 32) + 8 * (j % 4) + j % 32 // 4 for j in range(v.type.count)]
+    return builder.shuffle_vector(v, ir.Constant(v.type, None), _idx(*order))
+
+
+# The chunks of 32 values (T = 0..7: values 32T..32T + 31) that one vector holds, in the
+# order the vectors are formed: one chunk per 256-bit vector; two per 512-bit vector, paired
+# so that both halves come from one 64-byte load with the same nibble. The activations are
+# laid out in the same order (CHUNK_ORDER; the kernel's `order`).
+CHUNK_GROUPS = {(q, False): tuple((t,) for t in range(8)) for q in (Q4_K, Q5_K, Q6_K)}
+CHUNK_GROUPS.update({(Q4_K, True): ((0, 2), (1, 3), (4, 6), (5, 7)), (Q5_K, True): ((0, 2), (1, 3), (4, 6), (5, 7)),
+                     (Q6_K, True): ((0, 1), (2, 3), (4, 5), (6, 7))})
+CHUNK_ORDER = {key: tuple(t for g in groups for t in g) for key, groups in CHUNK_GROUPS.items()}
+_WIDE_Q45_ORDER = CHUNK_ORDER[Q4_K, True]   # every other (type, width) is in value order
+assert {k: v for k, v in CHUNK_ORDER.items() if v != tuple(range(8))} == {(Q4_K, True): _WIDE_Q45_ORDER,
+                                                                           (Q5_K, True): _WIDE_Q45_ORDER}
+
+
+def _quant_chunks(builder, qtype, blk, wide):
+    """A super-block's 256 quants as lane-major unsigned bytes (Q4_K 0..15, Q5_K 0..31, Q6_K
+    q + 32 = 0..63), one vector per group of CHUNK_GROUPS[qtype, wide]. Chunk T of Q4_K/Q5_K
+    is the low (T even) or high nibble of packed bytes 32 * (T // 2) ..; Q5_K's fifth bit is
+    bit T of qh. Q6_K, half h = T // 4, t = T % 4: nibble t // 2 of ql[64h + 32 (t % 2) ..],
+    the high two bits from qh[32h ..] shifted by 4, 2, 0, -2 for t = 0..3."""
     b = builder
-    low4 = _splat(_V32I8, 0x0F)
-    shr = lambda v, n: b.lshr(v, _splat(_V32I8, n))
-    if qtype == Q4_K:
-        out = []
-        for c in range(4):   # 32 packed bytes: values 64c + x (low nibble), 64c + 32 + x (high)
-            q = _lane_major(b, blk, 16 + 32 * c)
-            out += [b.and_(q, low4), shr(q, 4)]
-        return out
-    if qtype == Q5_K:        # the fifth bit of 64c + x is bit 2c of qh[x], of 64c + 32 + x bit 2c + 1
-        qh = _lane_major(b, blk, 16)
-        zero, sixteen = _splat(_V32I8, 0), _splat(_V32I8, 16)
-        out = []
-        for c in range(4):
-            q = _lane_major(b, blk, 48 + 32 * c)
-            for half, nib in ((0, b.and_(q, low4)), (1, shr(q, 4))):
-                bit = b.and_(qh, _splat(_V32I8, 1 << (2 * c + half)))
-                out.append(b.or_(nib, b.select(b.icmp_unsigned("!=", bit, zero), sixteen, zero)))
-        return out
-    # Q6_K: in half h, bytes x of ql (a = ql[64h + x], b = ql[64h + 32 + x]) and of qh
-    # (qh[32h + x]) make values 128h + 32t + x, t = 0..3: 4 low bits | 2 high bits << 4
-    two = _splat(_V32I8, 0x30)
     out = []
-    for h in range(2):
-        qa, qb, qh = (_lane_major(b, blk, d) for d in (64 * h, 64 * h + 32, 128 + 32 * h))
-        out += [b.or_(b.and_(qa, low4), b.and_(b.shl(qh, _splat(_V32I8, 4)), two)),
-                b.or_(b.and_(qb, low4), b.and_(b.shl(qh, _splat(_V32I8, 2)), two)),
-                b.or_(shr(qa, 4), b.and_(qh, two)),
-                b.or_(shr(qb, 4), b.and_(shr(qh, 2), two))]
+    for g in CHUNK_GROUPS[qtype, wide]:
+        n = 32 * len(g)
+        vt = ir.VectorType(_I8, n)
+        if qtype == Q6_K:
+            q = _lane_major(b, blk, [64 * (t // 4) + 32 * (t % 2) for t in g])
+            nib = b.lshr(q, _splat(vt, 4)) if g[0] % 4 >= 2 else b.and_(q, _splat(vt, 0x0F))
+            highs = []
+            for t in g:
+                qh = _lane_major(b, blk, [128 + 32 * (t // 4)])
+                sh = (4, 2, 0, -2)[t % 4]
+                qh = b.shl(qh, _splat(_V32I8, sh)) if sh > 0 else b.lshr(qh, _splat(_V32I8, -sh)) if sh < 0 else qh
+                highs.append(b.and_(qh, _splat(_V32I8, 0x30)))
+            out.append(b.or_(nib, _cat(b, highs)))
+            continue
+        q = _lane_major(b, blk, [(16 if qtype == Q4_K else 48) + 32 * (t // 2) for t in g])
+        nib = b.lshr(q, _splat(vt, 4)) if g[0] % 2 else b.and_(q, _splat(vt, 0x0F))
+        if qtype == Q5_K:
+            bit = b.and_(_lane_major(b, blk, [16] * len(g)), ir.Constant(vt, [1 << t for t in g for _ in range(32)]))
+            nib = b.or_(nib, b.select(b.icmp_unsigned("!=", bit, _splat(vt, 0)), _splat(vt, 16), _splat(vt, 0)))
+        out.append(nib)
     return out
 
 
@@ -191,41 +216,56 @@ def _scales_mins_k4(builder, blk):
     return bytes8(*sc), bytes8(*mn)
 
 
-def _scale_words(builder, qtype, blk):
-    """The int16 word pairs vpmaddwd applies to chunk T's lane pair sums, one <16 x i16>
-    per chunk: (sc[T], sc[T]) for Q4_K/Q5_K (32 values per scale), (sc[2T], sc[2T + 1])
-    for Q6_K (16 per scale); and the mins as words (m[g], m[g]) for the bsums pairs
-    (Q4_K/Q5_K; None for Q6_K)."""
+def _scale_words(builder, qtype, blk, wide):
+    """The int16 words vpmaddwd applies to each chunk vector's lane pair sums (per group of
+    CHUNK_GROUPS): for chunk T, (sc[T], sc[T]) for Q4_K/Q5_K (32 values per scale),
+    (sc[2T], sc[2T + 1]) for Q6_K (16 per scale); and the mins as words (m[g], m[g]) for the
+    bsums pairs (Q4_K/Q5_K; None for Q6_K)."""
     b = builder
+    groups = CHUNK_GROUPS[qtype, wide]
+    n = 16 * len(groups[0])                 # words per vector
     if qtype == Q6_K:
         sc = b.sext(_load(b, blk, 192, ir.VectorType(_I8, 16)), _V16I16)
-        return [b.shuffle_vector(sc, ir.Constant(_V16I16, None), _idx(*[2 * t, 2 * t + 1] * 8))
-                for t in range(8)], None
+        return [b.shuffle_vector(sc, ir.Constant(_V16I16, None), _idx(*[2 * g[j // 16] + j % 2 for j in range(n)]))
+                for g in groups], None
     sc8, mn8 = _scales_mins_k4(b, blk)
     # the 8 bytes in every quadword, then per word vector one in-lane byte shuffle (vpshufb):
     # word j = byte at(j) zero-extended (the zero from the second source), at(j) in j's lane
     i64 = ir.IntType(64)
-    quads = lambda v: b.bitcast(b.shuffle_vector(b.bitcast(v, ir.VectorType(i64, 1)),
-                                                 ir.Constant(ir.VectorType(i64, 1), None), _idx(0, 0, 0, 0)), _V32I8)
-    zero = _splat(_V32I8, 0)
-    words = lambda v, at: b.bitcast(b.shuffle_vector(v, zero, _idx(*[x for j in range(16)
-                                                                     for x in (at(j) + 16 * (j >= 8), 32)])), _V16I16)
-    sc, mn = quads(sc8), quads(mn8)
-    return [words(sc, lambda j, t=t: t) for t in range(8)], words(mn, lambda j: j // 2)
+
+    def quads(v, count):
+        q = b.shuffle_vector(b.bitcast(v, ir.VectorType(i64, 1)), ir.Constant(ir.VectorType(i64, 1), None),
+                             _idx(*[0] * count))
+        return b.bitcast(q, ir.VectorType(_I8, 8 * count))
+
+    def words(v, at, count):
+        zero = _splat(v.type, 0)
+        return b.bitcast(b.shuffle_vector(v, zero, _idx(*[x for j in range(count) for x in (at(j) + 16 * (j // 8),
+                                                                                          v.type.count)])),
+                         ir.VectorType(_I16, count))
+    sc = quads(sc8, n // 4)
+    return ([words(sc, lambda j, g=g: g[j // 16], n) for g in groups],
+            words(quads(mn8, 4), lambda j: j // 2, 16))
 
 
-def _lane_sums(builder, qtype, chunks, words, y, yo, yoff, oo):
-    """aux32 of ggml's generic dot product as <8 x i32> (lane l = element l): chunk T's
-    vpmaddubsw with the lane-major activations y[yo + 32T:] (Q6_K: less the pair offsets
-    yoff[oo + 32T:] bytes), then vpmaddwd with its scale words, summed."""
+def _lane_sums(builder, qtype, chunks, words, y, yo, yoff, oo, wide):
+    """aux32 of ggml's generic dot product as <8 x i32> (lane l = element l): each chunk
+    vector's vpmaddubsw with the activations at y[yo + its offset] (laid out in the same
+    chunk order; Q6_K: less the pair offsets at yoff[oo + ...]), then vpmaddwd with its
+    scale words, summed; a 512-bit sum's two halves (chunks) added lane by lane."""
     b = builder
-    acc = _splat(_V8I32, 0)
-    for t in range(8):
-        p = _x86(b, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, chunks[t],
-                 _load(b, y, b.add(yo, ir.Constant(yo.type, 32 * t)), _V32I8))
+    nb = 64 if wide else 32
+    vb, vw, vd = ir.VectorType(_I8, nb), ir.VectorType(_I16, nb // 2), ir.VectorType(_I32, nb // 4)
+    madd_bytes, madd_words = (("llvm.x86.avx512.pmaddubs.w.512", "llvm.x86.avx512.pmaddw.d.512") if wide else
+                              ("llvm.x86.avx2.pmadd.ub.sw", "llvm.x86.avx2.pmadd.wd"))
+    acc = _splat(vd, 0)
+    for k, chunk in enumerate(chunks):
+        p = _x86(b, madd_bytes, vw, chunk, _load(b, y, b.add(yo, ir.Constant(yo.type, nb * k)), vb))
         if qtype == Q6_K:
-            p = b.sub(p, _load(b, yoff, b.add(oo, ir.Constant(oo.type, 32 * t)), _V16I16))
-        acc = b.add(acc, _x86(b, "llvm.x86.avx2.pmadd.wd", _V8I32, p, words[t]))
+            p = b.sub(p, _load(b, yoff, b.add(oo, ir.Constant(oo.type, nb * k)), vw))
+        acc = b.add(acc, _x86(b, madd_words, vd, p, words[k]))
+    if wide:
+        acc = b.add(b.shuffle_vector(acc, acc, _idx(*range(8))), b.shuffle_vector(acc, acc, _idx(*range(8, 16))))
     return acc
 
 
@@ -250,24 +290,31 @@ def _is_array(t, dtype, ndim=1):
 
 # ----------------------------------------------------------------- intrinsics
 
+def _is_width(t):
+    """The vector width argument: a compile-time 0 (256 bits) or 1 (512 bits)."""
+    return isinstance(t, types.IntegerLiteral) and t.literal_value in (0, 1)
+
+
 def _row_dot_intrinsic(qtype):
-    """(wr, nb, y, yd, extra, j) -> float32: one weight row of nb super-blocks times
+    """(wr, nb, y, yd, extra, j, wide) -> float32: one weight row of nb super-blocks times
     activation row j, ggml's generic dot product whole (decode: nothing is stored between
-    the steps). y: lane-major quants; yd: the activations' d per super-block; extra: their
-    bsums (Q4_K/Q5_K) or the pair offsets of y (Q6_K). The float work in C order: per
+    the steps). y: lane-major quants in CHUNK_ORDER[qtype, wide]; yd: the activations' d
+    per super-block; extra: their bsums (Q4_K/Q5_K) or the pair offsets of y (Q6_K); wide:
+    1 for 512-bit vectors (a literal: each width is its own code). The float work in C order: per
     super-block d = f16(x.d) * y.d, sums[l] += d * (float)aux32[l], then (Q4_K/Q5_K)
     sumf -= (f16(x.dmin) * y.d) * (float)sumi; at the end sumf += sums[l], l = 0..7."""
     bb = _BLOCK_BYTES[qtype]
 
-    def typer(typingctx, wr, nb, y, yd, extra, j):
+    def typer(typingctx, wr, nb, y, yd, extra, j, wide):
         if not (_is_bytes(wr) and isinstance(nb, types.Integer) and _is_array(y, types.int8, 2)
                 and _is_array(yd, types.float32, 2) and _is_array(extra, types.int16, 2)
-                and isinstance(j, types.Integer)):
+                and isinstance(j, types.Integer) and _is_width(wide)):
             return None
-        return types.float32(wr, nb, y, yd, extra, j), codegen
+        return types.float32(wr, nb, y, yd, extra, j, wide), codegen
 
     def codegen(context, builder, sig, args):
         b = builder
+        wide = bool(sig.args[6].literal_value)
         w = _data(context, b, sig.args[0], args[0])
         y, yd, extra = (_row(context, b, sig.args[i], args[i], sig.args[5], args[5]) for i in (2, 3, 4))
         nb = context.cast(b, args[1], sig.args[1], types.int64)
@@ -277,9 +324,9 @@ def _row_dot_intrinsic(qtype):
             i = loop.index
             blk = b.gep(w, [b.mul(i, ir.Constant(i.type, bb))])
             _prefetch(b, blk, bb)
-            words, mins = _scale_words(b, qtype, blk)
+            words, mins = _scale_words(b, qtype, blk, wide)
             yo = b.mul(i, ir.Constant(i.type, QK_K))
-            acc = _lane_sums(b, qtype, _quant_chunks(b, qtype, blk), words, y, yo, extra, yo)
+            acc = _lane_sums(b, qtype, _quant_chunks(b, qtype, blk, wide), words, y, yo, extra, yo, wide)
             ydi = _load(b, yd, b.mul(i, ir.Constant(i.type, 4)), _F32)
             xd, xm = _block_scales(b, qtype, blk)
             d = b.fmul(xd, ydi)
@@ -300,23 +347,24 @@ def _row_dot_intrinsic(qtype):
 
 
 def _rows_dot_intrinsic(qtype):
-    """(wr, nb, y, yd, extra, act_rows, a0, cnt, sums, sumf): one weight row times the cnt
+    """(wr, nb, y, yd, extra, act_rows, a0, cnt, sums, sumf, wide): one weight row times the cnt
     activation rows act_rows[a0:a0 + cnt] (prefill): each super-block unpacked once, into
     registers, for all of them; row s's C state -- sums[8] and sumf -- in sums[s], sumf[s]
     (kernel_parts.sum_lanes ends it). Arguments and float order as _row_dot_*."""
     bb = _BLOCK_BYTES[qtype]
 
-    def typer(typingctx, wr, nb, y, yd, extra, act_rows, a0, cnt, sums, sumf):
+    def typer(typingctx, wr, nb, y, yd, extra, act_rows, a0, cnt, sums, sumf, wide):
         if not (_is_bytes(wr) and isinstance(nb, types.Integer) and _is_array(y, types.int8, 2)
                 and _is_array(yd, types.float32, 2) and _is_array(extra, types.int16, 2)
                 and _is_array(act_rows, types.int64) and isinstance(a0, types.Integer)
                 and isinstance(cnt, types.Integer) and _is_array(sums, types.float32, 2)
-                and _is_array(sumf, types.float32)):
+                and _is_array(sumf, types.float32) and _is_width(wide)):
             return None
-        return types.none(wr, nb, y, yd, extra, act_rows, a0, cnt, sums, sumf), codegen
+        return types.none(wr, nb, y, yd, extra, act_rows, a0, cnt, sums, sumf, wide), codegen
 
     def codegen(context, builder, sig, args):
         b = builder
+        wide = bool(sig.args[10].literal_value)
         w, rows, sums, sumf = (_data(context, b, sig.args[i], args[i]) for i in (0, 5, 8, 9))
         nb, a0, cnt = (context.cast(b, args[i], sig.args[i], types.int64) for i in (1, 6, 7))
         i64 = lambda v: ir.Constant(ir.IntType(64), v)
@@ -327,15 +375,15 @@ def _rows_dot_intrinsic(qtype):
             i = blocks.index
             blk = b.gep(w, [b.mul(i, i64(bb))])
             _prefetch(b, blk, bb)
-            words, mins = _scale_words(b, qtype, blk)
-            chunks = _quant_chunks(b, qtype, blk)
+            words, mins = _scale_words(b, qtype, blk, wide)
+            chunks = _quant_chunks(b, qtype, blk, wide)
             xd, xm = _block_scales(b, qtype, blk)
             yo = b.mul(i, i64(QK_K))
             with cgutils.for_range(b, cnt) as row:
                 s = row.index
                 j = _load(b, rows, b.mul(b.add(a0, s), i64(8)), ir.IntType(64))
                 y, ydj, extra = (_row(context, b, sig.args[k], args[k], types.int64, j) for k in (2, 3, 4))
-                acc = _lane_sums(b, qtype, chunks, words, y, yo, extra, yo)
+                acc = _lane_sums(b, qtype, chunks, words, y, yo, extra, yo, wide)
                 ydi = _load(b, ydj, b.mul(i, i64(4)), _F32)
                 d = b.fmul(xd, ydi)
                 dv = b.shuffle_vector(b.insert_element(ir.Constant(_V8F32, None), d, ir.Constant(_I32, 0)),
@@ -359,17 +407,19 @@ _rows_dot_q4_K, _rows_dot_q5_K, _rows_dot_q6_K = (_rows_dot_intrinsic(q) for q i
 # ----------------------------------------------------------------- the kernel
 
 @njit(cache=True)
-def lane_major_activations(qs, offsets):
-    """Q8_K quants int8[n, k] -> (the same in lane-major order per 32 values, and with
-    `offsets` (Q6_K) the int16 pair offsets 32 * (y[2w] + y[2w + 1]) of that order that its
-    unsigned quants need; int16[n, 0] otherwise, never read)."""
+def lane_major_activations(qs, offsets, order):
+    """Q8_K quants int8[n, k] -> (the same in lane-major order per 32 values, each
+    super-block's chunks of 32 in `order` (CHUNK_ORDER), and with `offsets` (Q6_K) the int16
+    pair offsets 32 * (y[2w] + y[2w + 1]) of that layout that its unsigned quants need;
+    int16[n, 0] otherwise, never read)."""
     n, k = qs.shape
     yl = np.empty((n, k), np.int8)
     yoff = np.empty((n, k // 2 if offsets else 0), np.int16)
     for r in range(n):
         for c in range(k // 32):
+            src = QK_K * (c // 8) + 32 * order[c % 8]
             for j in range(32):
-                yl[r, 32 * c + j] = qs[r, 32 * c + 8 * (j % 4) + j // 4]
+                yl[r, 32 * c + j] = qs[r, src + 8 * (j % 4) + j // 4]
         if offsets:
             for w in range(k // 2):
                 yoff[r, w] = 32 * (np.int16(yl[r, 2 * w]) + np.int16(yl[r, 2 * w + 1]))
@@ -377,15 +427,18 @@ def lane_major_activations(qs, offsets):
 
 
 @njit(cache=True, parallel=True)
-def matmul_kquant(ptrs, n_rows, row_bytes, qtype, d, qs, bsums, act_rows, act_start, lanes, workers):
+def _matmul_kquant(ptrs, n_rows, row_bytes, qtype, d, qs, bsums, act_rows, act_start, lanes, workers, wide):
     """engine/kernels.matmul_kquant's contract and bits, the integer lane sums by
-    vpmaddubsw over lane-major bytes (see above). A weight row with one activation row
-    (decode) is one fused dot product; with several (prefill), each super-block is
-    unpacked once and used by every row."""
+    vpmaddubsw over lane-major bytes (see above), on 256-bit vectors or with `wide` 1 on
+    512-bit ones (AVX-512BW; each width compiled on its own, only when used). A weight row
+    with one activation row (decode) is one fused dot product; with several (prefill),
+    each super-block is unpacked once and used by every row."""
+    numba.literally(wide)
     n_mat = ptrs.shape[0]
     kquant_block_bytes(qtype, row_bytes, d, qs, bsums, act_rows, act_start, lanes, n_mat)
     nb = qs.shape[1] // QK_K
-    yl, yoff = lane_major_activations(qs, qtype == Q6_K)
+    order = np.array(_WIDE_Q45_ORDER) if wide and qtype != Q6_K else np.arange(8)   # CHUNK_ORDER
+    yl, yoff = lane_major_activations(qs, qtype == Q6_K, order)
     out = np.empty((act_rows.shape[0], n_rows), np.float32)
     per = (n_rows + ROWS_PER_ITEM - 1) // ROWS_PER_ITEM
     most = most_rows(act_start)
@@ -405,20 +458,32 @@ def matmul_kquant(ptrs, n_rows, row_bytes, qtype, d, qs, bsums, act_rows, act_st
                 if cnt == 1:
                     j = act_rows[a0]
                     if qtype == Q4_K:
-                        out[a0, r] = _row_dot_q4_K(wr, nb, yl, d, bsums, j)
+                        out[a0, r] = _row_dot_q4_K(wr, nb, yl, d, bsums, j, wide)
                     elif qtype == Q5_K:
-                        out[a0, r] = _row_dot_q5_K(wr, nb, yl, d, bsums, j)
+                        out[a0, r] = _row_dot_q5_K(wr, nb, yl, d, bsums, j, wide)
                     else:
-                        out[a0, r] = _row_dot_q6_K(wr, nb, yl, d, yoff, j)
+                        out[a0, r] = _row_dot_q6_K(wr, nb, yl, d, yoff, j, wide)
                     continue
                 if qtype == Q4_K:
-                    _rows_dot_q4_K(wr, nb, yl, d, bsums, act_rows, a0, cnt, sums, sumf)
+                    _rows_dot_q4_K(wr, nb, yl, d, bsums, act_rows, a0, cnt, sums, sumf, wide)
                 elif qtype == Q5_K:
-                    _rows_dot_q5_K(wr, nb, yl, d, bsums, act_rows, a0, cnt, sums, sumf)
+                    _rows_dot_q5_K(wr, nb, yl, d, bsums, act_rows, a0, cnt, sums, sumf, wide)
                 else:
-                    _rows_dot_q6_K(wr, nb, yl, d, yoff, act_rows, a0, cnt, sums, sumf)
+                    _rows_dot_q6_K(wr, nb, yl, d, yoff, act_rows, a0, cnt, sums, sumf, wide)
                 sum_lanes(sums, sumf, cnt, out, a0, r)
     return out
+
+
+# The two widths as their own entry points: each passes its width as a compile-time constant
+# (numba.literally), so calling one compiles only its instructions.
+@njit(cache=True)
+def matmul_kquant(ptrs, n_rows, row_bytes, qtype, d, qs, bsums, act_rows, act_start, lanes, workers):
+    return _matmul_kquant(ptrs, n_rows, row_bytes, qtype, d, qs, bsums, act_rows, act_start, lanes, workers, 0)
+
+
+@njit(cache=True)
+def matmul_kquant_512(ptrs, n_rows, row_bytes, qtype, d, qs, bsums, act_rows, act_start, lanes, workers):
+    return _matmul_kquant(ptrs, n_rows, row_bytes, qtype, d, qs, bsums, act_rows, act_start, lanes, workers, 1)
 
 
 @intrinsic
