@@ -30,9 +30,9 @@ The activations (Q8_K quants) are permuted once per call. Each product is one in
 per weight row, everything in registers: with one activation row (decode) the whole dot
 product, with several (prefill) each super-block is unpacked once and used by all of them.
 Q8_0 (attention's key projection) is here too: its signed products by the sign trick
-(_row_dot_q8_0), on 256-bit vectors for both paths. Compiled only when chosen (engine/kernels.py's
-kernel path), each width on its own: on a CPU
-without the extension its instructions do not exist.
+(_row_dot_q8_0), on 256-bit vectors for both paths. Compiled only when chosen
+(engine/kernels.py's kernel path), each width on its own: on a CPU without the extension
+its instructions do not exist.
 """
 
 from __future__ import annotations
