@@ -20,6 +20,8 @@ on all settings alike. Figures are medians; ratios are of medians measured in th
   windows, O_DIRECT) gives the disk's limit for the bytes the paged decode reads per token.
 * --kernels portable,auto runs each engine row once per kernel path (before/after a kernel
   change, in the same rounds).
+* --ref GIT_REF adds the resident rows run by the engine of that git ref (a temporary
+  worktree, its default kernels): before/after a change, ratios from the same rounds.
 
 The prompt is bench/headline.py's, `--prompt-repeat` times (prefill needs more than a
 handful of tokens to measure), without the chat template.
@@ -38,7 +40,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from headline import (CGROUP_ROOT, ENGINE_CTX, LLAMA_SCRIPT, PROMPT, REPO, MemoryCap, drop_page_cache,  # noqa: E402
-                      run_capped, write_json)
+                      ref_worktree, remove_worktree, run_capped, write_json)
 
 from epmci.contract.bundled import ARGV as BUNDLED_ARGV  # noqa: E402
 from epmci.contract.outputs import read_stats  # noqa: E402
@@ -63,15 +65,18 @@ def warm_page_cache(path: str) -> None:
 
 
 def engine_run(model: str, prompt: str, threads: int, a, cap: MemoryCap | None = None,
-               kernels: str = "auto") -> dict:
+               kernels: str = "auto", worktree: str | None = None) -> dict:
+    """One engine run; `worktree`: the engine of that checkout (--ref), its default kernels."""
     with tempfile.TemporaryDirectory() as td:
         # resident: the engine's default micro-batch (prefill is measured); paged: -b 8 (headline.py's)
         spec = RunSpec(prompt, n_predict=a.n_predict, threads=threads, ctx=ENGINE_CTX, dump_logits=False,
                        pager=cap is not None, batch=32 if cap is None else 8)
         if cap is None:
-            cmd = [*BUNDLED_ARGV, *spec.args(model, Path(td)), "--kernels", kernels]
+            cmd = [*BUNDLED_ARGV, *spec.args(model, Path(td))] + (["--kernels", kernels] if worktree is None else [])
+            env = {**os.environ, "PYTHONPATH": worktree} if worktree else None
             try:
-                r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, cwd=REPO)
+                r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, cwd=worktree or REPO,
+                                   env=env)
             except subprocess.TimeoutExpired:
                 return {"error": f"timeout after {a.timeout}s"}
         else:
@@ -88,6 +93,15 @@ def engine_run(model: str, prompt: str, threads: int, a, cap: MemoryCap | None =
             "decode_io_wait_share": dec["io_wait_s"] / dec["seconds"] if dec["seconds"] > 0 else None}
         return {**paged, "prefill_tok_s": recs["prefill"]["tok_s"], "decode_tok_s": dec["tok_s"],
                 "prompt_tokens": recs["prefill"]["tokens"], "decode_tokens": recs["decode"]["tokens"]}
+
+
+def disk_probe(model: str) -> dict:
+    """The disk's read speed for the paged row's reads; the probe drops the model's pages, so
+    they are read back after it: a resident row after it would otherwise read the experts
+    from disk (the first engine row of a round prefilled at half speed that way)."""
+    r = {"disk_mib_s": disk_mib_s(model)["mb_per_s"]}
+    warm_page_cache(model)
+    return r
 
 
 def llama_run(model: str, prompt: str, threads: int, a) -> dict:
@@ -119,6 +133,7 @@ def main() -> int:
     ap.add_argument("--threads", default="1,2", help="resident thread counts")
     ap.add_argument("--kernels", default="auto",
                     help="engine kernel paths to run side by side, e.g. portable,auto (before/after a kernel)")
+    ap.add_argument("--ref", help="also run the resident rows with the engine of this git ref (before/after)")
     ap.add_argument("--no-paged", action="store_true", help="skip the capped paged row")
     ap.add_argument("--no-llama", action="store_true")
     ap.add_argument("--timeout", type=float, default=1800)
@@ -145,10 +160,14 @@ def main() -> int:
             pass
     paths = a.kernels.split(",")
     engine_name = lambda t, k: f"engine -t {t}" + (f" ({k})" if len(paths) > 1 else "")
+    ref_name = lambda t: f"engine -t {t} @{a.ref}"
+    worktree = ref_worktree(a.ref) if a.ref else None
     settings: dict[str, object] = {}
     for t in threads:
         for k in paths:
             settings[engine_name(t, k)] = lambda t=t, k=k: engine_run(a.model, prompt, t, a, kernels=k)
+        if worktree:
+            settings[ref_name(t)] = lambda t=t: engine_run(a.model, prompt, t, a, worktree=worktree)
         if have_llama:
             settings[f"llama.cpp -t {t}"] = lambda t=t: llama_run(a.model, prompt, t, a)
     paged_note = None
@@ -162,7 +181,7 @@ def main() -> int:
         settings["paged engine -t 2, cap 1/3"] = lambda: engine_run(a.model, prompt, 2, a, cap, kernels=paths[-1])
         # the disk's limit for the paged row: its reads (expert windows, O_DIRECT, the engine's
         # 4 reader threads), probed in every round beside it
-        settings["disk probe"] = lambda: {"disk_mib_s": disk_mib_s(a.model)["mb_per_s"]}
+        settings["disk probe"] = lambda: disk_probe(a.model)
     runs: dict[str, list[dict]] = {name: [] for name in settings}
     warm_page_cache(a.model)
     try:
@@ -175,6 +194,8 @@ def main() -> int:
     finally:
         if cap is not None:
             cap.close()
+        if worktree:
+            remove_worktree(worktree)
     med = {name: {k: median(rs, k) for k in ("prefill_tok_s", "decode_tok_s", "decode_read_mib_per_token",
                                               "decode_io_wait_share", "disk_mib_s")}
            for name, rs in runs.items()}
@@ -210,6 +231,9 @@ def main() -> int:
                 if k != paths[0]:
                     ratio(f"{phase} -t {t}: {k} / {paths[0]}", med.get(engine_name(t, k)),
                           med.get(engine_name(t, paths[0])), key)
+                if worktree:
+                    ratio(f"{phase} -t {t}: {engine_name(t, k)} / @{a.ref}", med.get(engine_name(t, k)),
+                          med.get(ref_name(t)), key)
         for k in paths:   # thread scaling
             if len(threads) > 1:
                 ratio(f"{phase} {engine_name(threads[-1], k)} / -t {threads[0]}", med.get(engine_name(threads[-1], k)),
