@@ -16,6 +16,10 @@ One round times every (case, path) once, in turn; `--repeat` rounds after one wa
 compile), so a load change falls on all paths alike. Figures are medians of wall time per
 call; the ratio is of medians from the same run. Bytes: the weight bytes a call reads. The
 outputs of every path are compared bit for bit, and a difference stops the run.
+
+Beside them, the ceiling: how fast `--threads` threads stream memory at all (a plain
+parallel sum over 512 MiB, median of the rounds), which a product bound by its weight
+stream cannot pass.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import sys
 import time
 from pathlib import Path
 
+import numba
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 from llvmlite import binding
@@ -42,6 +47,15 @@ from epmci.synth.blocks import random_rows  # noqa: E402
 # (qtype, output rows, k, matrices per call): the bench preset's shapes
 CASES = ((Q4_K, 768, 2048, 16), (Q5_K, 2048, 768, 8), (Q6_K, 2048, 768, 8), (Q8_0, 512, 2048, 1))
 LAYERS = 8
+STREAM_BYTES = 512 << 20
+
+
+@numba.njit(parallel=True)
+def _stream_sum(a):
+    t = 0
+    for i in numba.prange(a.size):
+        t += a[i]
+    return t
 
 
 def die(msg: str) -> None:
@@ -91,7 +105,13 @@ def main() -> int:
         return time.perf_counter() - t0, y
 
     times: dict[tuple[int, str], list[float]] = {(i, p): [] for i in range(len(cases)) for p in paths}
+    stream = np.ones(STREAM_BYTES // 8, np.int64)
+    stream_s = []
     for rnd in range(a.repeat + 1):
+        t0 = time.perf_counter()
+        _stream_sum(stream)
+        if rnd:
+            stream_s.append(time.perf_counter() - t0)
         for i, case in enumerate(cases):
             outs = {}
             for p in paths:
@@ -112,9 +132,12 @@ def main() -> int:
         row["gb_s"] = {p: nbytes / row["ms"][p] / 1e6 for p in paths}
         row["ratio_to_first"] = {p: row["ms"][paths[0]] / row["ms"][p] for p in paths[1:]}
         results.append(row)
+    stream_gb_s = STREAM_BYTES / statistics.median(stream_s) / 1e9
     doc = {"threads": a.threads, "repeat": a.repeat, "calls_per_round": LAYERS, "paths": paths,
+           "stream_gb_s": stream_gb_s,
            "load_before": load_before, "load_after": load_after, "cpu": binding.get_host_cpu_name(), "results": results}
-    print(f"load {load_before:.2f} before, {load_after:.2f} after\n")
+    print(f"load {load_before:.2f} before, {load_after:.2f} after; memory stream at -t {a.threads}: "
+          f"{stream_gb_s:.1f} GB/s\n")
     print("| case | rows | " + " | ".join(f"{p} ms (GB/s)" for p in paths)
           + "".join(f" | {paths[0]}/{p}" for p in paths[1:]) + " |")
     print("|---|---:|" + "---:|" * (2 * len(paths) - 1))
