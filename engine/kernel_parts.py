@@ -84,15 +84,6 @@ def take_item(taken, tid, share, workers, n_mat, per, act_start):
 
 
 @njit(cache=True)
-def most_rows(act_start):
-    """The most activation rows any one matrix takes."""
-    most = 0
-    for m in range(act_start.shape[0] - 1):
-        most = max(most, act_start[m + 1] - act_start[m])
-    return most
-
-
-@njit(cache=True)
 def check_rows(n_act, act_rows, act_start):
     """act_start non-decreasing from 0 to len(act_rows), every act_row in [0, n_act)."""
     if act_start[0] != 0 or act_start[-1] != act_rows.shape[0]:
@@ -170,14 +161,3 @@ def check_q8_0(n_rows, row_bytes, d, qs, act_rows, act_start, lanes, n_mat):
             or act_start.shape[0] != n_mat + 1 or not check_rows(n, act_rows, act_start)):
         raise ValueError("matmul_q8_0: shape mismatch")
     return nb
-
-
-@njit(cache=True, inline="always")
-def sum_lanes(sums, sumf, cnt, out, a0, r):
-    """out[a0 + s, r] = sumf[s] + sums[s, 0] + ... + sums[s, 7] in that order (the C's
-    final `sumf += sums[l]`), for the cnt activation rows of one weight row."""
-    for s in range(cnt):
-        acc = sumf[s]
-        for l in range(LANES):
-            acc = np.float32(acc + sums[s, l])
-        out[a0 + s, r] = acc

@@ -59,7 +59,7 @@ import numpy as np
 from numba import njit, prange
 
 from .kernel_parts import (LANES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES, ROWS_PER_ITEM, U, check_rows,
-                           f16, check_q8_0, kquant_block_bytes, most_rows, scale_min_k4, sum_lanes, take_item,
+                           f16, check_q8_0, kquant_block_bytes, scale_min_k4, take_item,
                            u8_pointer, work_counters)
 from .qtypes import F32, Q4_K, Q5_K, Q6_K, Q8_0, Q8_K, QK8_0, QK_K, qtype_info
 
@@ -254,6 +254,26 @@ def _scales_mins_k4(wr, off, scm):
         sc, mn = scale_min_k4(wr, off, g)
         scm[g] = sc
         scm[8 + g] = mn
+
+
+@njit(cache=True)
+def most_rows(act_start):
+    """The most activation rows any one matrix takes."""
+    most = 0
+    for m in range(act_start.shape[0] - 1):
+        most = max(most, act_start[m + 1] - act_start[m])
+    return most
+
+
+@njit(cache=True, inline="always")
+def sum_lanes(sums, sumf, cnt, out, a0, r):
+    """out[a0 + s, r] = sumf[s] + sums[s, 0] + ... + sums[s, 7] in that order (the C's
+    final `sumf += sums[l]`), for the cnt activation rows of one weight row."""
+    for s in range(cnt):
+        acc = sumf[s]
+        for l in range(LANES):
+            acc = np.float32(acc + sums[s, l])
+        out[a0 + s, r] = acc
 
 
 @njit(cache=True, inline="always")

@@ -45,7 +45,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .kernel_parts import (LANES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES, ROWS_PER_ITEM, check_q8_0,
-                           kquant_block_bytes, most_rows, sum_lanes, take_item, u8_pointer, work_counters)
+                           kquant_block_bytes, take_item, u8_pointer, work_counters)
 from .qtypes import Q4_K, Q5_K, Q6_K, QK_K
 
 _I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
@@ -295,113 +295,86 @@ def _is_width(t):
     return isinstance(t, types.IntegerLiteral) and t.literal_value in (0, 1)
 
 
-def _row_dot_intrinsic(qtype):
-    """(wr, nb, y, yd, extra, j, wide) -> float32: one weight row of nb super-blocks times
-    activation row j, ggml's generic dot product whole (decode: nothing is stored between
-    the steps). y: lane-major quants in CHUNK_ORDER[qtype, wide]; yd: the activations' d
-    per super-block; extra: their bsums (Q4_K/Q5_K) or the pair offsets of y (Q6_K); wide:
-    1 for 512-bit vectors (a literal: each width is its own code). The float work in C order: per
-    super-block d = f16(x.d) * y.d, sums[l] += d * (float)aux32[l], then (Q4_K/Q5_K)
-    sumf -= (f16(x.dmin) * y.d) * (float)sumi; at the end sumf += sums[l], l = 0..7."""
+def _rows_dot_intrinsic(qtype):
+    """(wr, nb, y, yd, extra, act_rows, at, count, out, r, wide): one weight row of nb
+    super-blocks times the `count` activation rows act_rows[at:at + count], ggml's generic
+    dot product whole for each, written to out[at + s, r]. Each super-block is unpacked once,
+    into registers, for all of them, and each row's C state (sums[8], sumf) stays in
+    registers; count (1..ROWS_AT_ONCE) and wide (1: 512-bit vectors) are literals, so each
+    is its own code. y: lane-major quants in CHUNK_ORDER[qtype, wide]; yd: the activations'
+    d per super-block; extra: their bsums (Q4_K/Q5_K) or the pair offsets of y (Q6_K). The
+    float work in C order: per super-block d = f16(x.d) * y.d, sums[l] += d * (float)aux32[l],
+    then (Q4_K/Q5_K) sumf -= (f16(x.dmin) * y.d) * (float)sumi; at the end sumf += sums[l],
+    l = 0..7."""
     bb = _BLOCK_BYTES[qtype]
 
-    def typer(typingctx, wr, nb, y, yd, extra, j, wide):
+    def typer(typingctx, wr, nb, y, yd, extra, act_rows, at, count, out, r, wide):
         if not (_is_bytes(wr) and isinstance(nb, types.Integer) and _is_array(y, types.int8, 2)
                 and _is_array(yd, types.float32, 2) and _is_array(extra, types.int16, 2)
-                and isinstance(j, types.Integer) and _is_width(wide)):
+                and _is_array(act_rows, types.int64) and isinstance(at, types.Integer)
+                and isinstance(count, types.IntegerLiteral) and 1 <= count.literal_value <= ROWS_AT_ONCE
+                and _is_array(out, types.float32, 2) and isinstance(r, types.Integer) and _is_width(wide)):
             return None
-        return types.float32(wr, nb, y, yd, extra, j, wide), codegen
+        return types.none(wr, nb, y, yd, extra, act_rows, at, count, out, r, wide), codegen
 
     def codegen(context, builder, sig, args):
         b = builder
-        wide = bool(sig.args[6].literal_value)
-        w = _data(context, b, sig.args[0], args[0])
-        y, yd, extra = (_row(context, b, sig.args[i], args[i], sig.args[5], args[5]) for i in (2, 3, 4))
-        nb = context.cast(b, args[1], sig.args[1], types.int64)
-        sums = cgutils.alloca_once_value(b, _splat(_V8F32, 0.0))
-        sumf = cgutils.alloca_once_value(b, ir.Constant(_F32, 0.0))
+        n_rows, wide = sig.args[7].literal_value, bool(sig.args[10].literal_value)
+        i64 = lambda v: ir.Constant(ir.IntType(64), v)
+        w, rows = (_data(context, b, sig.args[k], args[k]) for k in (0, 5))
+        nb, at, r = (context.cast(b, args[k], sig.args[k], types.int64) for k in (1, 6, 9))
+        ys, yds, extras, outs = [], [], [], []
+        for s in range(n_rows):
+            j = _load(b, rows, b.mul(b.add(at, i64(s)), i64(8)), ir.IntType(64))
+            y, yd, extra = (_row(context, b, sig.args[k], args[k], types.int64, j) for k in (2, 3, 4))
+            ys.append(y), yds.append(yd), extras.append(extra)
+            outs.append(b.gep(_row(context, b, sig.args[8], args[8], types.int64, b.add(at, i64(s))),
+                              [b.mul(r, i64(4))]))
+        sums = [cgutils.alloca_once_value(b, _splat(_V8F32, 0.0)) for _ in range(n_rows)]
+        sumf = [cgutils.alloca_once_value(b, ir.Constant(_F32, 0.0)) for _ in range(n_rows)]
         with cgutils.for_range(b, nb) as loop:
             i = loop.index
-            blk = b.gep(w, [b.mul(i, ir.Constant(i.type, bb))])
-            _prefetch(b, blk, bb)
-            words, mins = _scale_words(b, qtype, blk, wide)
-            yo = b.mul(i, ir.Constant(i.type, QK_K))
-            acc = _lane_sums(b, qtype, _quant_chunks(b, qtype, blk, wide), words, y, yo, extra, yo, wide)
-            ydi = _load(b, yd, b.mul(i, ir.Constant(i.type, 4)), _F32)
-            xd, xm = _block_scales(b, qtype, blk)
-            d = b.fmul(xd, ydi)
-            dv = b.shuffle_vector(b.insert_element(ir.Constant(_V8F32, None), d, ir.Constant(_I32, 0)),
-                                  ir.Constant(_V8F32, None), _idx(*[0] * 8))
-            b.store(b.fadd(b.load(sums), b.fmul(dv, b.sitofp(acc, _V8F32))), sums)
-            if mins is not None:
-                bs = _load(b, extra, b.mul(i, ir.Constant(i.type, 32)), _V16I16)
-                sumi = _hsum(b, _x86(b, "llvm.x86.avx2.pmadd.wd", _V8I32, bs, mins))
-                dmin = b.fmul(xm, ydi)
-                b.store(b.fsub(b.load(sumf), b.fmul(dmin, b.sitofp(sumi, _F32))), sumf)
-        acc = b.load(sumf)
-        s = b.load(sums)
-        for l in range(LANES):
-            acc = b.fadd(acc, b.extract_element(s, ir.Constant(_I32, l)))
-        return acc
-    return intrinsic(typer)
-
-
-def _rows_dot_intrinsic(qtype):
-    """(wr, nb, y, yd, extra, act_rows, a0, cnt, sums, sumf, wide): one weight row times the cnt
-    activation rows act_rows[a0:a0 + cnt] (prefill): each super-block unpacked once, into
-    registers, for all of them; row s's C state -- sums[8] and sumf -- in sums[s], sumf[s]
-    (kernel_parts.sum_lanes ends it). Arguments and float order as _row_dot_*."""
-    bb = _BLOCK_BYTES[qtype]
-
-    def typer(typingctx, wr, nb, y, yd, extra, act_rows, a0, cnt, sums, sumf, wide):
-        if not (_is_bytes(wr) and isinstance(nb, types.Integer) and _is_array(y, types.int8, 2)
-                and _is_array(yd, types.float32, 2) and _is_array(extra, types.int16, 2)
-                and _is_array(act_rows, types.int64) and isinstance(a0, types.Integer)
-                and isinstance(cnt, types.Integer) and _is_array(sums, types.float32, 2)
-                and _is_array(sumf, types.float32) and _is_width(wide)):
-            return None
-        return types.none(wr, nb, y, yd, extra, act_rows, a0, cnt, sums, sumf, wide), codegen
-
-    def codegen(context, builder, sig, args):
-        b = builder
-        wide = bool(sig.args[10].literal_value)
-        w, rows, sums, sumf = (_data(context, b, sig.args[i], args[i]) for i in (0, 5, 8, 9))
-        nb, a0, cnt = (context.cast(b, args[i], sig.args[i], types.int64) for i in (1, 6, 7))
-        i64 = lambda v: ir.Constant(ir.IntType(64), v)
-        with cgutils.for_range(b, cnt) as row:
-            _store_at(b, _splat(_V8F32, 0.0), sums, b.mul(row.index, i64(32)))
-            _store_at(b, ir.Constant(_F32, 0.0), sumf, b.mul(row.index, i64(4)))
-        with cgutils.for_range(b, nb) as blocks:
-            i = blocks.index
             blk = b.gep(w, [b.mul(i, i64(bb))])
             _prefetch(b, blk, bb)
             words, mins = _scale_words(b, qtype, blk, wide)
             chunks = _quant_chunks(b, qtype, blk, wide)
             xd, xm = _block_scales(b, qtype, blk)
             yo = b.mul(i, i64(QK_K))
-            with cgutils.for_range(b, cnt) as row:
-                s = row.index
-                j = _load(b, rows, b.mul(b.add(a0, s), i64(8)), ir.IntType(64))
-                y, ydj, extra = (_row(context, b, sig.args[k], args[k], types.int64, j) for k in (2, 3, 4))
-                acc = _lane_sums(b, qtype, chunks, words, y, yo, extra, yo, wide)
-                ydi = _load(b, ydj, b.mul(i, i64(4)), _F32)
+            for s in range(n_rows):
+                acc = _lane_sums(b, qtype, chunks, words, ys[s], yo, extras[s], yo, wide)
+                ydi = _load(b, yds[s], b.mul(i, i64(4)), _F32)
                 d = b.fmul(xd, ydi)
                 dv = b.shuffle_vector(b.insert_element(ir.Constant(_V8F32, None), d, ir.Constant(_I32, 0)),
                                       ir.Constant(_V8F32, None), _idx(*[0] * 8))
-                at = b.mul(s, i64(32))
-                _store_at(b, b.fadd(_load(b, sums, at, _V8F32), b.fmul(dv, b.sitofp(acc, _V8F32))), sums, at)
+                b.store(b.fadd(b.load(sums[s]), b.fmul(dv, b.sitofp(acc, _V8F32))), sums[s])
                 if mins is not None:
-                    bs = _load(b, extra, b.mul(i, i64(32)), _V16I16)
+                    bs = _load(b, extras[s], b.mul(i, i64(32)), _V16I16)
                     sumi = _hsum(b, _x86(b, "llvm.x86.avx2.pmadd.wd", _V8I32, bs, mins))
-                    at = b.mul(s, i64(4))
-                    _store_at(b, b.fsub(_load(b, sumf, at, _F32), b.fmul(b.fmul(xm, ydi), b.sitofp(sumi, _F32))),
-                              sumf, at)
+                    b.store(b.fsub(b.load(sumf[s]), b.fmul(b.fmul(xm, ydi), b.sitofp(sumi, _F32))), sumf[s])
+        for s in range(n_rows):
+            acc, v = b.load(sumf[s]), b.load(sums[s])
+            for l in range(LANES):
+                acc = b.fadd(acc, b.extract_element(v, ir.Constant(_I32, l)))
+            b.store(acc, b.bitcast(outs[s], _F32.as_pointer()))
         return context.get_dummy_value()
     return intrinsic(typer)
 
 
-_row_dot_q4_K, _row_dot_q5_K, _row_dot_q6_K = (_row_dot_intrinsic(q) for q in (Q4_K, Q5_K, Q6_K))
+# Activation rows one weight row is multiplied with at once (prefill; more are taken in
+# groups of this many, the rest as 4, 3, 2, 1): their state and the unpacked super-block
+# fit in the registers.
+ROWS_AT_ONCE = 8
 _rows_dot_q4_K, _rows_dot_q5_K, _rows_dot_q6_K = (_rows_dot_intrinsic(q) for q in (Q4_K, Q5_K, Q6_K))
+
+
+@njit(inline="always")
+def _rows_dot(qtype, wr, nb, yl, d, extra, act_rows, at, count, out, r, wide):
+    if qtype == Q4_K:
+        _rows_dot_q4_K(wr, nb, yl, d, extra, act_rows, at, count, out, r, wide)
+    elif qtype == Q5_K:
+        _rows_dot_q5_K(wr, nb, yl, d, extra, act_rows, at, count, out, r, wide)
+    else:
+        _rows_dot_q6_K(wr, nb, yl, d, extra, act_rows, at, count, out, r, wide)
 
 
 # ----------------------------------------------------------------- the kernel
@@ -440,37 +413,32 @@ def _matmul_kquant(ptrs, n_rows, row_bytes, qtype, d, qs, bsums, act_rows, act_s
     order = np.array(_WIDE_Q45_ORDER) if wide and qtype != Q6_K else np.arange(8)   # CHUNK_ORDER
     yl, yoff = lane_major_activations(qs, qtype == Q6_K, order)
     out = np.empty((act_rows.shape[0], n_rows), np.float32)
+    extra = yoff if qtype == Q6_K else bsums
     per = (n_rows + ROWS_PER_ITEM - 1) // ROWS_PER_ITEM
-    most = most_rows(act_start)
     taken = work_counters(workers)
     for tid in prange(workers):
         share = 0
-        sums = np.empty((most, LANES), np.float32)   # C: sums[8] of each output
-        sumf = np.empty(most, np.float32)            # C: sumf
         while True:
             m, a0, a1, r0, share = take_item(taken, tid, share, workers, n_mat, per, act_start)
             if m < 0:
                 break
-            cnt = a1 - a0
             w = numba.carray(u8_pointer(ptrs[m]), (n_rows, row_bytes))
             for r in range(r0, min(n_rows, r0 + ROWS_PER_ITEM)):
                 wr = w[r]
-                if cnt == 1:
-                    j = act_rows[a0]
-                    if qtype == Q4_K:
-                        out[a0, r] = _row_dot_q4_K(wr, nb, yl, d, bsums, j, wide)
-                    elif qtype == Q5_K:
-                        out[a0, r] = _row_dot_q5_K(wr, nb, yl, d, bsums, j, wide)
-                    else:
-                        out[a0, r] = _row_dot_q6_K(wr, nb, yl, d, yoff, j, wide)
-                    continue
-                if qtype == Q4_K:
-                    _rows_dot_q4_K(wr, nb, yl, d, bsums, act_rows, a0, cnt, sums, sumf, wide)
-                elif qtype == Q5_K:
-                    _rows_dot_q5_K(wr, nb, yl, d, bsums, act_rows, a0, cnt, sums, sumf, wide)
-                else:
-                    _rows_dot_q6_K(wr, nb, yl, d, yoff, act_rows, a0, cnt, sums, sumf, wide)
-                sum_lanes(sums, sumf, cnt, out, a0, r)
+                at = a0
+                while a1 - at >= ROWS_AT_ONCE:
+                    _rows_dot(qtype, wr, nb, yl, d, extra, act_rows, at, ROWS_AT_ONCE, out, r, wide)
+                    at += ROWS_AT_ONCE
+                if a1 - at >= 4:
+                    _rows_dot(qtype, wr, nb, yl, d, extra, act_rows, at, 4, out, r, wide)
+                    at += 4
+                left = a1 - at   # literal counts: each is its own code
+                if left == 3:
+                    _rows_dot(qtype, wr, nb, yl, d, extra, act_rows, at, 3, out, r, wide)
+                elif left == 2:
+                    _rows_dot(qtype, wr, nb, yl, d, extra, act_rows, at, 2, out, r, wide)
+                elif left == 1:
+                    _rows_dot(qtype, wr, nb, yl, d, extra, act_rows, at, 1, out, r, wide)
     return out
 
 
