@@ -19,6 +19,8 @@ Anything that does not parse is a GGUFFormatError naming what and where.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import mmap
 import os
 import struct
@@ -27,6 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 
 MAGIC = b"GGUF"
+MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)   # Linux 5.14; Python 3.11 lacks the name
+_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
 
@@ -83,6 +87,29 @@ class GGUFFile:
         self.fields: dict[str, Field] = {}
         self.tensors: list[TensorInfo] = []
         self._parse()
+
+    def map_cached(self, start: int, end: int) -> bool:
+        """Map bytes start..end of the file into this process's page tables now
+        (MADV_POPULATE_READ), if every page of them is in the page cache already (mincore):
+        then it reads nothing from disk and takes no memory the pages do not hold already --
+        it only moves the page faults of a first pass out of it. Otherwise, or on a kernel
+        without it (Linux < 5.14), nothing happens. True when mapped."""
+        page = mmap.PAGESIZE
+        start -= start % page
+        end = min(len(self._map), end)
+        n_pages = (end - start + page - 1) // page
+        if n_pages <= 0:
+            return False
+        base = self.data.ctypes.data
+        vec = np.zeros(n_pages, np.uint8)
+        if _libc.mincore(ctypes.c_void_p(base + start), ctypes.c_size_t(end - start),
+                         vec.ctypes.data_as(ctypes.c_char_p)) != 0 or not (vec & 1).all():
+            return False
+        try:
+            self._map.madvise(MADV_POPULATE_READ, start, end - start)
+        except OSError:
+            return False
+        return True
 
     # ------------------------------------------------------------------ primitives
 

@@ -174,11 +174,18 @@ class Model:
 
 
 class ResidentExperts:
-    """Experts read in place from the memory-mapped file (`--no-pager`)."""
+    """Experts read in place from the memory-mapped file (`--no-pager`). When the whole
+    file's experts are in the page cache at start, they are mapped then: a fresh process's
+    first prefill otherwise took every expert page fault (bench, -t 1: 1.32 s for 119
+    tokens against 1.07 s mapped; mapping took 0.11 s)."""
 
     def __init__(self, gm: GGUFModel):
         self.parts = [[gm.layer(il, f"ffn_{p}_exps").data for p in ("gate", "up", "down")]
                       for il in range(gm.hp.n_layer)]
+        # tensor by tensor: the dense tensors between them are read into anonymous memory and
+        # dropped from the page cache (GGUFModel.load_resident), which a mapping would prevent
+        tensors = [t for name, t in gm.tensors.items() if "_exps." in name]
+        self.mapped = all([gm.file.map_cached(t.offset, t.offset + t.data.nbytes) for t in tensors])
 
     def begin_layer(self, il: int, x: np.ndarray) -> None:
         pass

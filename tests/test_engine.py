@@ -243,3 +243,40 @@ def test_without_the_warm_up_kernels_are_prepared_inside_the_timed_phases(tiny_m
     """The check above can fail: with the warm-up stubbed out, the generation prepares them."""
     new = _specializations_prepared_while_timed(tiny_model, "resident", "auto", "cold")
     assert any(name.split(".")[-1].startswith("matmul_kquant") for name in new), new
+
+
+def _mapping_rss(path) -> int:
+    """Bytes of `path`'s mappings in this process's page tables (/proc/self/smaps Rss)."""
+    total, ours = 0, False
+    for line in open("/proc/self/smaps"):
+        if line[:1].isalnum() and "-" in line.split()[0]:
+            ours = line.rstrip().endswith(str(path))
+        elif ours and line.startswith("Rss:"):
+            total += int(line.split()[1]) * 1024
+    return total
+
+
+def test_resident_experts_are_mapped_at_start_only_from_the_page_cache(tiny_model, tmp_path):
+    """--no-pager maps the experts at start when all their pages are in the page cache (a
+    first prefill then takes no page faults), and never reads the file for it otherwise."""
+    import shutil
+    model = tmp_path / "m.gguf"
+    shutil.copyfile(tiny_model, model)
+    expert_bytes = sum(t.n_bytes for t in ModelFile(model).tensors.values() if "_exps." in t.name)
+    fd = os.open(model, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)   # out of the page cache
+    finally:
+        os.close(fd)
+    eng = Engine(str(model), Options(n_ctx=32, pager=False))
+    try:
+        assert not eng.experts.mapped and _mapping_rss(model) < expert_bytes
+    finally:
+        eng.close()
+    model.read_bytes()                                        # into the page cache
+    eng = Engine(str(model), Options(n_ctx=32, pager=False))
+    try:
+        assert eng.experts.mapped and _mapping_rss(model) >= expert_bytes
+    finally:
+        eng.close()
