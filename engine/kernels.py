@@ -35,11 +35,11 @@ Numerics (read against llama.cpp's C sources, not memory):
   vec_dot_type (engine/qtypes.py) once and runs that type's kernel over one matrix or
   several (a layer's experts), each with its own activation rows.
 
-Kernel paths: the k-quant and Q8_0 products also exist in engine/kernels_x86.py (AVX2's
-byte multiply-add, for the k-quants over lane-major bytes: the same integers, so the same
-bits); ``set_kernel_path``
-chooses ("auto": the fastest this CPU runs), the engine from ``--kernels`` / EPM_KERNELS.
-The block sizes, f16 scales and work items both paths use are in engine/kernel_parts.py.
+Kernel paths: the k-quant and Q8_0 products also exist in engine/kernels_x86.py (x86's
+byte multiply-add on 256-bit ("avx2") or 512-bit ("avx512") vectors, for the k-quants over
+lane-major bytes: the same integers, so the same bits); ``set_kernel_path`` chooses
+("auto": the fastest this CPU runs), the engine from ``--kernels`` / EPM_KERNELS. The block
+sizes, f16 scales and work items every path uses are in engine/kernel_parts.py.
 
 Determinism: the kernels are ``parallel=True``; the matrix products' threads take work items --
 fixed chunks of OUTPUT rows (of one or several matrices) -- from a shared counter. Every

@@ -87,16 +87,6 @@ def _load(builder, base, byte_offset, ty):
     return builder.load(builder.bitcast(builder.gep(base, [off]), ty.as_pointer()), align=1)
 
 
-def _store(builder, v, base, byte_offset):
-    off = ir.Constant(ir.IntType(64), byte_offset)
-    builder.store(v, builder.bitcast(builder.gep(base, [off]), v.type.as_pointer())).align = 1
-
-
-def _store_at(builder, v, base, byte_offset):
-    """Store v at base + byte_offset (an IR value)."""
-    builder.store(v, builder.bitcast(builder.gep(base, [byte_offset]), v.type.as_pointer())).align = 1
-
-
 def _x86(builder, name, ret, *args):
     fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ret, [a.type for a in args]), name)
     return builder.call(fn, args)

@@ -36,7 +36,7 @@ class Options:
     # generate() returns every position's logits; False: only what sampling needs (at a
     # 248k-token vocabulary a 4096-token prompt's logits alone are 4 GB)
     keep_logits: bool = True
-    # the k-quant kernels (engine/kernels.py): "auto", "portable" or "avx2"; same bits on each
+    # the product kernels (engine/kernels.py): "auto", "portable", "avx2" or "avx512"; same bits on each
     kernels: str = "auto"
 
 
