@@ -161,3 +161,12 @@ def check_q8_0(n_rows, row_bytes, d, qs, act_rows, act_start, lanes, n_mat):
             or act_start.shape[0] != n_mat + 1 or not check_rows(n, act_rows, act_start)):
         raise ValueError("matmul_q8_0: shape mismatch")
     return nb
+
+
+@njit(cache=True)
+def check_f32(row_bytes, x, act_rows, act_start, n_mat):
+    """The length k of an F32 product's rows, once every shape is checked (ValueError)."""
+    n, k = x.shape
+    if row_bytes != 4 * k or act_start.shape[0] != n_mat + 1 or not check_rows(n, act_rows, act_start):
+        raise ValueError("matmul_f32: shape mismatch")
+    return k

@@ -58,9 +58,8 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from .kernel_parts import (LANES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES, ROWS_PER_ITEM, U, check_rows,
-                           f16, check_q8_0, kquant_block_bytes, scale_min_k4, take_item,
-                           u8_pointer, work_counters)
+from .kernel_parts import (LANES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES, ROWS_PER_ITEM, U, check_f32,
+                           check_q8_0, f16, kquant_block_bytes, scale_min_k4, take_item, u8_pointer, work_counters)
 from .qtypes import F32, Q4_K, Q5_K, Q6_K, Q8_0, Q8_K, QK8_0, QK_K, qtype_info
 
 
@@ -70,11 +69,11 @@ from .qtypes import F32, Q4_K, Q5_K, Q6_K, Q8_0, Q8_K, QK8_0, QK_K, qtype_info
 # The k-quant and Q8_0 products exist as the portable loops below (any CPU numba targets)
 # and in engine/kernels_x86.py (vpmaddubsw, which numba never emits itself), whose k-quant
 # products run on 256-bit vectors ("avx2") or 512-bit ones ("avx512": AVX-512BW/VL; its
-# Q8_0 product is AVX2's). All give the same bits; "auto" takes the fastest the CPU runs.
+# Q8_0 and F32 products are AVX2's; F32 with rows as vector lanes). All give the same bits; "auto" takes the fastest the CPU runs.
 # The SIMD module is imported, and each width compiled, only when chosen: on a CPU without
 # the extension its instructions do not exist.
 KERNEL_PATHS = ("portable", "avx2", "avx512")
-_path = {"name": "portable", "kquant": None, "q8_0": None}
+_path = {"name": "portable", "kquant": None, "q8_0": None, "f32": None}
 
 
 def available_paths() -> tuple[str, ...]:
@@ -102,10 +101,10 @@ def set_kernel_path(name: str) -> str:
                          f"available: {', '.join(avail)}")
     if chosen in ("avx2", "avx512"):
         from . import kernels_x86
-        _path.update(name=chosen, q8_0=kernels_x86.matmul_q8_0, kquant=kernels_x86.matmul_kquant_512
-                     if chosen == "avx512" else kernels_x86.matmul_kquant)
+        _path.update(name=chosen, q8_0=kernels_x86.matmul_q8_0, f32=kernels_x86.matmul_f32,
+                     kquant=kernels_x86.matmul_kquant_512 if chosen == "avx512" else kernels_x86.matmul_kquant)
     else:
-        _path.update(name=chosen, kquant=None, q8_0=None)
+        _path.update(name=chosen, kquant=None, q8_0=None, f32=None)
     return chosen
 
 
@@ -431,9 +430,7 @@ def matmul_f32(ptrs, n_rows, row_bytes, x, act_rows, act_start, workers):
     summed sequentially i = 0..k-1 in double (scalar ggml_vec_dot_f32). Four output rows
     advance together (independent chains) for throughput; that does not change any chain."""
     n_mat = ptrs.shape[0]
-    n, k = x.shape
-    if row_bytes != 4 * k or act_start.shape[0] != n_mat + 1 or not check_rows(n, act_rows, act_start):
-        raise ValueError("matmul_f32: shape mismatch")
+    k = check_f32(row_bytes, x, act_rows, act_start, n_mat)
     out = np.empty((act_rows.shape[0], n_rows), np.float32)
     per = (n_rows + ROWS_PER_ITEM - 1) // ROWS_PER_ITEM
     taken = work_counters(workers)
@@ -618,7 +615,7 @@ def _q8_0(ptrs, n_rows, row_bytes, act_rows, act_start, d, qs):
 
 
 def _f32(ptrs, n_rows, row_bytes, act_rows, act_start, x):
-    return matmul_f32(ptrs, n_rows, row_bytes, x, act_rows, act_start, get_threads())
+    return (_path["f32"] or matmul_f32)(ptrs, n_rows, row_bytes, x, act_rows, act_start, get_threads())
 
 
 _MATMUL = {Q4_K: _kquant(Q4_K), Q5_K: _kquant(Q5_K), Q6_K: _kquant(Q6_K), Q8_0: _q8_0, F32: _f32}

@@ -44,8 +44,8 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .kernel_parts import (LANES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES, ROWS_PER_ITEM, check_q8_0,
-                           kquant_block_bytes, take_item, u8_pointer, work_counters)
+from .kernel_parts import (LANES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES, ROWS_PER_ITEM, check_f32,
+                           check_q8_0, kquant_block_bytes, take_item, u8_pointer, work_counters)
 from .qtypes import Q4_K, Q5_K, Q6_K, QK_K
 
 _I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
@@ -497,4 +497,104 @@ def matmul_q8_0(ptrs, n_rows, row_bytes, d, qs, act_rows, act_start, lanes, work
                 wr = w[r]
                 for s in range(a1 - a0):
                     out[a0 + s, r] = _row_dot_q8_0(wr, nb, qs, d, act_rows[a0 + s])
+    return out
+
+
+# ----------------------------------------------------------------- F32 (the router)
+
+def _cols8(builder, rows):
+    """The 8x8 transpose: from 8 <8 x float> rows (row r = w[r, i..i + 7]) the 8 columns
+    (column c = w[0..7, i + c]), by in-lane unpacks and shuffles and a lane swap."""
+    b = builder
+    sh = lambda u, v, idx: b.shuffle_vector(u, v, _idx(*idx))
+    lo, hi = (0, 8, 1, 9, 4, 12, 5, 13), (2, 10, 3, 11, 6, 14, 7, 15)
+    t = [sh(rows[2 * p], rows[2 * p + 1], m) for p in range(4) for m in (lo, hi)]   # t0 lo01, t1 hi01, t2 lo23 ...
+    even, odd = (0, 1, 8, 9, 4, 5, 12, 13), (2, 3, 10, 11, 6, 7, 14, 15)
+    u = [sh(t[q], t[q + 2], m) for q in (0, 1, 4, 5) for m in (even, odd)]          # u0 u1 (t0,t2) u2 u3 (t1,t3) ...
+    low, high = (0, 1, 2, 3, 8, 9, 10, 11), (4, 5, 6, 7, 12, 13, 14, 15)
+    return [sh(u[c % 4], u[c % 4 + 4], low if c < 4 else high) for c in range(8)]
+
+
+@intrinsic
+def _rows_dot_f32(typingctx, w, r, k, xj, out, a, count):
+    """out[a, r + q] = float32(sum_i double(float32(w[r + q, i] * xj[i]))), summed i = 0..k-1
+    in order (scalar ggml_vec_dot_f32), for q < count (a literal 1..8): the rows are the lanes
+    of one <8 x double> sum, each lane its own chain in order, 8 columns at a time by an 8x8
+    transpose; the columns past a multiple of 8 one at a time."""
+    if not (_is_array(w, types.float32, 2) and isinstance(r, types.Integer) and isinstance(k, types.Integer)
+            and isinstance(xj, types.Array) and xj.dtype == types.float32 and xj.ndim == 1
+            and _is_array(out, types.float32, 2) and isinstance(a, types.Integer)
+            and isinstance(count, types.IntegerLiteral) and 1 <= count.literal_value <= 8):
+        return None
+
+    def codegen(context, builder, sig, args):
+        b = builder
+        n = sig.args[6].literal_value
+        i64 = lambda v: ir.Constant(ir.IntType(64), v)
+        r, k, a = (context.cast(b, args[q], sig.args[q], types.int64) for q in (1, 2, 5))
+        rows = [_row(context, b, sig.args[0], args[0], types.int64, b.add(r, i64(q))) for q in range(n)]
+        x = context.make_array(sig.args[3])(context, b, args[3])
+        xs = cgutils.unpack_tuple(b, x.strides, 1)[0]
+        xbase = b.bitcast(x.data, _I8.as_pointer())
+        xat = lambda i: _load(b, xbase, b.mul(i, xs), _F32)
+        v8d = ir.VectorType(ir.DoubleType(), 8)
+        zero8 = _splat(_V8F32, 0.0)
+        acc = cgutils.alloca_once_value(b, _splat(v8d, 0.0))
+
+        def add_column(col, xi):
+            xv = b.shuffle_vector(b.insert_element(ir.Constant(_V8F32, None), xi, ir.Constant(_I32, 0)),
+                                  ir.Constant(_V8F32, None), _idx(*[0] * 8))
+            b.store(b.fadd(b.load(acc), b.fpext(b.fmul(col, xv), v8d)), acc)
+
+        k8 = b.mul(b.udiv(k, i64(8)), i64(8))
+        with cgutils.for_range_slice(b, i64(0), k8, i64(8)) as (i, _):
+            at = b.mul(i, i64(4))
+            cols = _cols8(b, [_load(b, rows[q], at, _V8F32) if q < n else zero8 for q in range(8)])
+            for c in range(8):
+                add_column(cols[c], xat(b.add(i, i64(c))))
+        with cgutils.for_range_slice(b, k8, k, i64(1)) as (i, _):
+            col = zero8
+            for q in range(n):
+                col = b.insert_element(col, _load(b, rows[q], b.mul(i, i64(4)), _F32), ir.Constant(_I32, q))
+            add_column(col, xat(i))
+        orow = _row(context, b, sig.args[4], args[4], types.int64, a)
+        s = b.load(acc)
+        for q in range(n):
+            v = b.fptrunc(b.extract_element(s, ir.Constant(_I32, q)), _F32)
+            b.store(v, b.bitcast(b.gep(orow, [b.mul(b.add(r, i64(q)), i64(4))]), _F32.as_pointer()))
+        return context.get_dummy_value()
+    return types.none(w, r, k, xj, out, a, count), codegen
+
+
+@njit(cache=True, parallel=True)
+def matmul_f32(ptrs, n_rows, row_bytes, x, act_rows, act_start, workers):
+    """engine/kernels.matmul_f32's contract and bits, 8 output rows as the lanes of one
+    double-precision vector sum (_rows_dot_f32)."""
+    n_mat = ptrs.shape[0]
+    k = check_f32(row_bytes, x, act_rows, act_start, n_mat)
+    out = np.empty((act_rows.shape[0], n_rows), np.float32)
+    per = (n_rows + ROWS_PER_ITEM - 1) // ROWS_PER_ITEM
+    taken = work_counters(workers)
+    for tid in prange(workers):
+        share = 0
+        while True:
+            m, a0, a1, r0, share = take_item(taken, tid, share, workers, n_mat, per, act_start)
+            if m < 0:
+                break
+            w = numba.carray(u8_pointer(ptrs[m]), (n_rows, row_bytes)).view(np.float32)
+            r1 = min(n_rows, r0 + ROWS_PER_ITEM)
+            for s in range(a0, a1):
+                xj = x[act_rows[s]]
+                r = r0
+                while r1 - r >= 8:
+                    _rows_dot_f32(w, r, k, xj, out, s, 8)
+                    r += 8
+                if r1 - r >= 4:
+                    _rows_dot_f32(w, r, k, xj, out, s, 4)
+                    r += 4
+                if r1 - r >= 2:
+                    _rows_dot_f32(w, r, k, xj, out, s, 2)
+                    r += 2
+                if r1 - r == 1:
+                    _rows_dot_f32(w, r, k, xj, out, s, 1)
     return out

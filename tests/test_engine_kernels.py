@@ -82,20 +82,20 @@ def test_each_kernel_path_runs_its_own_kernels(monkeypatch):
         pytest.skip("this CPU runs only the portable kernels")
     import engine.kernels_x86 as A
     calls = []
-    for name in ("matmul_kquant", "matmul_kquant_512", "matmul_q8_0"):
+    for name in ("matmul_kquant", "matmul_kquant_512", "matmul_q8_0", "matmul_f32"):
         good = getattr(A, name)
         monkeypatch.setattr(A, name, lambda *a, good=good, name=name: calls.append(name) or good(*a))
     rng = np.random.default_rng(11)
     x = _activations(rng, 2, 256)
     old = K.kernel_path()
     try:
-        for path, want in (("portable", []), ("avx2", ["matmul_kquant", "matmul_q8_0"]),
-                           ("avx512", ["matmul_kquant_512", "matmul_q8_0"])):
+        for path, want in (("portable", []), ("avx2", ["matmul_kquant", "matmul_q8_0", "matmul_f32"]),
+                           ("avx512", ["matmul_kquant_512", "matmul_q8_0", "matmul_f32"])):
             if path not in K.available_paths():
                 continue
             calls.clear()
             K.set_kernel_path(path)
-            for qtype in (T.Q4_K, T.Q8_0):
+            for qtype in (T.Q4_K, T.Q8_0, T.F32):
                 K.matmul(rand_weights(rng, qtype, 16, 256), qtype, x)
             assert calls == want, path
     finally:
@@ -562,3 +562,22 @@ def test_matches_reference_bit_for_bit(qtype, kernel_path):
     got = K.matmul(w, qtype, x)
     assert ref.shape == got.shape
     assert np.array_equal(_bits(got), _bits(ref.astype(np.float32)))
+
+
+def test_f32_products_agree_on_every_path_at_odd_shapes():
+    """The x86 F32 product takes 8 rows as vector lanes and 8 columns at a time: row counts
+    that leave 1-7 rows over and lengths that leave 1-7 columns over give the portable
+    kernel's bits too."""
+    rng = np.random.default_rng(77)
+    old = K.kernel_path()
+    try:
+        for rows, k, n in ((1, 1, 1), (5, 13, 3), (17, 9, 2), (23, 40, 1), (16, 8, 4)):
+            w = rng.standard_normal((rows, k)).astype(np.float32)
+            x = rng.standard_normal((n, k)).astype(np.float32)
+            K.set_kernel_path("portable")
+            want = K.matmul(w, T.F32, x)
+            for path in K.available_paths()[1:]:
+                K.set_kernel_path(path)
+                assert np.array_equal(_bits(K.matmul(w, T.F32, x)), _bits(want)), (rows, k, n, path)
+    finally:
+        K.set_kernel_path(old)
