@@ -37,11 +37,18 @@ def logits_sha(model: str, threads: int, batch: int, pager: bool, n_predict: int
         spec = RunSpec(" ".join([PROMPT] * 2), n_predict=n_predict, threads=threads, ctx=ENGINE_CTX,
                        dump_logits=True, pager=pager, batch=batch)
         cmd = [*BUNDLED_ARGV, *spec.args(model, Path(td))] + (["--kernels", kernels] if kernels else [])
-        r = subprocess.run(cmd, capture_output=True, text=True, cwd=checkout, timeout=1800,
-                           env={**os.environ, "PYTHONPATH": checkout})
+        what = f"-t {threads} -b {batch} {'paged' if pager else 'resident'} {kernels or checkout}"
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, cwd=checkout, timeout=1800,
+                               env={**os.environ, "PYTHONPATH": checkout})
+        except subprocess.TimeoutExpired:
+            die(f"{what}: timeout after 1800 s")
         if r.returncode != 0:
-            die(f"{' '.join(cmd[-12:])}: exit {r.returncode}: {(r.stderr.strip().splitlines() or [''])[-1]}")
-        return hashlib.sha256((Path(td) / LOGITS_FILE).read_bytes()).hexdigest()
+            die(f"{what}: exit {r.returncode}: {(r.stderr.strip().splitlines() or [''])[-1]}")
+        logits = Path(td) / LOGITS_FILE
+        if not logits.is_file() or logits.stat().st_size == 0:
+            die(f"{what}: the engine wrote no logits")   # nothing to compare is a failure, not a match
+        return hashlib.sha256(logits.read_bytes()).hexdigest()
 
 
 def main() -> int:
