@@ -78,7 +78,7 @@ def test_the_bundled_engine_passes_every_switch(tmp_path, tiny_model):
     assert len(sim) >= 3 and all("= the cache policy on the dumped routing" in r["message"] for r in sim)
     events = {r["name"]: r["properties"]["branch_events"] for r in results(rep, "switches")}
     assert events["admit=2, -b 1"]["transient_reads"] > 0 and events["default"]["transient_reads"] == 0
-    assert events["layer-ahead 2, queue 2"]["prefetch_late"] > 0 and events["default"]["prefetch_late"] == 0
+    assert events["far layer-ahead, small queue"]["prefetch_late"] > 0 and events["default"]["prefetch_late"] == 0
     assert events["serial reads, one reader, fadvise"]["serial_reads"] > 0
 
 
@@ -135,7 +135,7 @@ FAULTS = {
                 key = (key[0] - 1, key[1])
             return good(self, key, slot)
         P.Pager._read_into_slot = _read_into_slot
-    """, ["layer-ahead 2, queue 2"], ""),
+    """, ["far layer-ahead, small queue"], ""),
     # a prediction issued late, after waiting for a full queue, reads the neighbouring
     # expert: only a run whose queue overflows with predictions that outlive their layer
     # reaches it (the perf suite's long prompt used to be the only one that did)
@@ -157,7 +157,7 @@ FAULTS = {
                 key = (key[0], (key[1] + 1) % self.gm.hp.n_expert)
             return good_read(self, key, slot)
         F.PrefetchQueue.pump, P.Pager._read_into_slot = pump, _read_into_slot
-    """, ["layer-ahead 2, queue 2"], "differs from the reference"),
+    """, ["far layer-ahead, small queue"], "differs from the reference"),
     # serial reads and fadvise ignored: the bytes and every counter are as in the default run,
     # so only the run's branch events can tell the switches had no effect
     "SDQ_IO_PARALLEL=0 and SDQ_FADV_DONTNEED=1 ignored": ("""
@@ -174,7 +174,7 @@ FAULTS = {
         def __init__(self, cap, stale):
             good(self, 64, stale)
         F.PrefetchQueue.__init__ = __init__
-    """, ["layer-ahead 2, queue 2"], "did not reach its switch's branch (SDQ_PREFETCH_QUEUE=2"),
+    """, ["far layer-ahead, small queue"], "did not reach its switch's branch (SDQ_PREFETCH_QUEUE=2"),
     "-b ignored": ("""
         import engine.runtime as R
         good = R.Engine.__init__

@@ -28,6 +28,7 @@ from ..gguf.identity import file_sha256
 from ..perf.machine import available_memory_mib
 from ..reference.moe import MoEResult, moe_layer, shared_expert
 from ..units import MiB, arena_mib
+from .plan import CheckPlan
 
 T = TypeVar("T")
 # run.memory_mb auto: what is available at the start less what epmci itself grows by while
@@ -58,7 +59,9 @@ class CheckContext:
     workdir: Path
     caps: Capabilities
     suites_run: tuple[str, ...] = ()     # the suites this check runs (selected, and the engine can take them)
+    jobs: int = 1                        # engine runs at once (run.jobs, or one per CPU)
     facts: ModelFacts = field(init=False)
+    plan: CheckPlan = field(init=False)         # the settings derived from the model and the machine (plan.py)
     promises: Promises = field(init=False)      # every paged run is held to them (contract/promises.py)
     memory: MemoryPool = field(init=False)      # engine runs at once within the memory (contract/memory.py)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
@@ -73,6 +76,7 @@ class CheckContext:
         available = available_memory_mib() if m == "auto" else None
         self.memory = MemoryPool(float(m) if m != "auto" else None if available is None else
                                  max(1.0, available - max(MEMORY_RESERVE_MIB, MEMORY_RESERVE_SHARE * available)))
+        self.plan = CheckPlan.of(self.cfg, self.facts, self.jobs, self.memory.capacity)
 
     def run_need_mib(self, spec: RunSpec) -> float:
         """What the run is estimated to hold at its peak (contract/memory.py)."""

@@ -1,5 +1,6 @@
 """The engine's routing against the reference's, per layer (epmci.compare.routing): the
-engine's MoE dump read, the reference routing the reference's own MoE input at each position."""
+engine's MoE dump read, the reference routing the reference's own MoE input at each position;
+and the lookups a run made, in run order, from its MoE dump (what the cache models take)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from pathlib import Path
 import numpy as np
 
 from ..compare.routing import RoutingAgreement, routing_agreement
-from ..contract.outputs import read_routing
+from ..contract.cache_model import Lookup
+from ..contract.outputs import ContractError, read_moe_dump, read_routing
+from ..gguf.facts import ModelFacts
 from ..gguf.file import ModelFile
 from ..reference.moe import route, router_logits
 from ..reference.ops import softmax
@@ -24,3 +27,25 @@ def reference_routing_agreement(mf: ModelFile, dump_prefix: Path, ref_moe_in: np
     n = min([positions] + [len(s) for s in engine])
     ref = [route(softmax(router_logits(mf, il, ref_moe_in[il, :n])), hp.n_expert_used)[0] for il in range(hp.n_layer)]
     return routing_agreement([s[:n] for s in engine], ref)
+
+
+def dumped_lookups(facts: ModelFacts, dump_prefix: Path, prompt: int) -> tuple[list[Lookup], list[int]]:
+    """Every lookup of a run in run order, from its MoE dump (micro-batch by micro-batch,
+    layer by layer; the first `prompt` rows are prefill), and the rows of each prefill
+    micro-batch. ContractError when a dump is missing, malformed or the layers disagree."""
+    recs = [read_moe_dump(Path(f"{dump_prefix}.{il}"), layer=il, n_embd=facts.n_embd, k=facts.n_expert_used).records
+            for il in range(facts.n_layer)]
+    n = len(recs[0])
+    if any(len(x) != n for x in recs):
+        raise ContractError(Path(f"{dump_prefix}.0"), f"layers dumped different numbers of micro-batches "
+                                                      f"({sorted({len(x) for x in recs})})")
+    lookups, rows, done = [], [], 0
+    for m in range(n):
+        phase = "prefill" if done < prompt else "decode"
+        if phase == "prefill":
+            rows.append(len(recs[0][m].h))
+        done += len(recs[0][m].h)
+        for il in range(facts.n_layer):
+            experts = list(dict.fromkeys(int(e) for e in recs[il][m].selected.ravel()))
+            lookups.append(Lookup(phase, il, experts))
+    return lookups, rows

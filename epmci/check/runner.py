@@ -82,7 +82,9 @@ def run_check(cfg: CheckConfig, progress: Progress | None = None, *, build: bool
         report.meta["workdir"] = str(wd)
         if build:        # first: an external engine may only exist once built
             _build(cfg, engine, model_path, mf, wd, report, emit, say)
-        ctx = _context(cfg, engine, model_path, mf, wd, report)
+        ctx = _context(cfg, engine, model_path, mf, wd, report, jobs)
+        report.meta["plan"] = ctx.plan.to_dict()
+        say(ctx.plan.text())
         _run_suites(ctx, cfg, jobs, report, emit, progress, say)
         report.meta.update(memory_mb=None if ctx.memory.capacity is None else round(ctx.memory.capacity),
                            most_runs_at_once=ctx.memory.peak_runs)
@@ -131,7 +133,7 @@ def _build(cfg: CheckConfig, engine: EngineCommand, model_path: Path, mf: ModelF
 
 
 def _context(cfg: CheckConfig, engine: EngineCommand, model_path: Path, mf: ModelFile, wd: Path,
-             report: CheckReport) -> CheckContext:
+             report: CheckReport, jobs: int) -> CheckContext:
     """The suites' context: the engine with what it declared, on a model it says it runs."""
     caps, why = declared(cfg, engine)
     if caps is None:
@@ -140,7 +142,7 @@ def _context(cfg: CheckConfig, engine: EngineCommand, model_path: Path, mf: Mode
     unusable = engine_for_model(caps, mf)
     if unusable:
         raise ToolError(f"{model_path}: {unusable}")
-    return CheckContext(cfg, model_path, mf, engine.with_features(caps.features), wd, caps)
+    return CheckContext(cfg, model_path, mf, engine.with_features(caps.features), wd, caps, jobs=jobs)
 
 
 def _run_suites(ctx: CheckContext, cfg: CheckConfig, jobs: int, report: CheckReport, emit: Progress,

@@ -11,6 +11,10 @@ lookup does not use; not admitted, it is read into a transient buffer and evicts
 Pins (from a --profile-out file, in its order) are loaded before the run, never evicted,
 and skipped when their class would keep fewer than `need` unpinned slots or has no free
 slot. Every miss reads the expert's bytes (pins are in no phase).
+
+With prefetch on, the counters depend on predictions the dump does not hold; what holds
+for any policy is a floor: `fewest_loads`, Belady's MIN on the same lookups (no policy,
+prefetching or not, reads fewer experts into a class than MIN does with its slots).
 """
 
 from __future__ import annotations
@@ -92,3 +96,28 @@ class CacheModel:
                 lru[k][key] = None
                 in_use.add(key)
         return out
+
+
+def fewest_loads(lookups: list[Lookup], class_of_layer: list[int], n_slots: list[int]) -> list[int]:
+    """Per slot class, the fewest experts any policy must read into it to serve `lookups`
+    with that many slots: Belady's MIN (on a miss with the class full, evict the entry used
+    again furthest in the future) on the lookups taken one expert at a time -- serving a
+    micro-batch's experts together only constrains a policy more, so this stays a floor."""
+    seq = [(lk.layer, e) for lk in lookups for e in lk.experts]
+    INF = len(seq)
+    nxt, last = [INF] * len(seq), {}
+    for i in range(len(seq) - 1, -1, -1):
+        nxt[i], last[seq[i]] = last.get(seq[i], INF), i
+    cache: list[dict[Key, int]] = [dict() for _ in n_slots]   # key -> its next use
+    loads = [0] * len(n_slots)
+    for i, key in enumerate(seq):
+        k = class_of_layer[key[0]]
+        c = cache[k]
+        if key not in c:
+            loads[k] += 1
+            if not n_slots[k]:
+                continue
+            if len(c) >= n_slots[k]:
+                del c[max(c, key=c.__getitem__)]
+        c[key] = nxt[i]
+    return loads

@@ -301,6 +301,11 @@ def counters_of(records: list[dict]) -> dict[str, dict]:
             for r in records}
 
 
+def prompt_tokens(stats: list[dict]) -> int:
+    """Tokens of the run's prefill phase (0 when it has none)."""
+    return int(next((s["tokens"] for s in stats if s["phase"] == "prefill"), 0))
+
+
 def stats_total(records: list[dict], name: str) -> float:
     """Sum of a counter over phases; ContractError when no phase reports it."""
     vals = [r[name] for r in records if name in r]

@@ -60,6 +60,11 @@ class ModelFacts:
         sizes = sorted(set(self.slot_bytes))
         return [sizes[-1]] if uniform or len(sizes) == 1 else sizes[-2:]
 
+    def class_of_layers(self, uniform: bool) -> list[int]:
+        """Each layer's slot class: 0 small, 1 large (the only class when uniform or one size)."""
+        big = max(self.slot_bytes)
+        return [1 if uniform or len(set(self.slot_bytes)) == 1 or b == big else 0 for b in self.slot_bytes]
+
     def min_arena_bytes(self, batch: int, uniform: bool, margin_slots: int = 0) -> int:
         """One layer's routed experts for one micro-batch, min(n_expert, batch*top_k) slots,
         in every slot class (a small layer cannot borrow a large slot, nor the reverse)."""

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 from pathlib import Path
 
 from ..errors import InputError
-from .presets import PRESETS
+from .presets import PRESETS, Preset
+from .shapes import shape
 from .writer import Progress, write_model
 
 DEFAULT_SEED = 0
@@ -47,12 +49,25 @@ def make_model(preset: str, seed: int = DEFAULT_SEED, out: str | os.PathLike | N
         raise InputError(preset, f"unknown preset (choose from {', '.join(PRESETS)})")
     if seed < 0:
         raise InputError(seed, "seed must be >= 0")
-    path = Path(out) if out is not None else cached_model_path(preset, seed)
     if out is not None:
-        return write_model(PRESETS[preset], seed, path, progress)
+        return write_model(PRESETS[preset], seed, Path(out), progress)
+    return _cached(PRESETS[preset], seed, cached_model_path(preset, seed), progress)
+
+
+def shape_model(seed: int) -> Path:
+    """The model of generated shape `seed` (epmci/synth/shapes.py), made into the model cache
+    on first use; keyed by the shape itself, so a generator change makes a new file."""
+    p = shape(seed)
+    key = hashlib.sha256(f"{p!r} {p.generator_version}".encode()).hexdigest()[:12]
+    return _cached(p, DEFAULT_SEED, cache_dir() / "shapes" / f"{p.name}-{key}.gguf")
+
+
+def _cached(p: Preset, seed: int, path: Path, progress: Progress | None = None) -> Path:
+    """`path`, made once: concurrent callers (parallel test workers) wait on a lock instead
+    of racing."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not path.exists():
-            write_model(PRESETS[preset], seed, path, progress)
+            write_model(p, seed, path, progress)
     return path

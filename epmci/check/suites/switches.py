@@ -35,14 +35,16 @@ from typing import Callable
 from ...compare.counters import counter_changes
 from ...compare.logits import compare_logits
 from ...contract.cache_model import CacheModel, Lookup
-from ...contract.outputs import BRANCH_EVENTS, ContractError, counters_of, read_logits, read_moe_dump, read_profile
+from ...contract.outputs import BRANCH_EVENTS, ContractError, counters_of, prompt_tokens, read_logits, read_profile
 from ...contract.runspec import LOGITS_FILE, STATS_FILE
 from ...errors import InputError
 from ...units import arena_mib
 from ..capabilities import lacks
 from ..context import CheckContext
 from ..moe_check import check_dump
-from ..result import FAIL, PASS, CheckResult
+from ..routing import dumped_lookups
+from ..plan import CONTRACT_LAYER_AHEAD
+from ..result import FAIL, PASS, SKIP, CheckResult
 from .base import Task, run_failed
 from .layer import check_layers
 
@@ -50,13 +52,16 @@ NAME = "switches"
 PROFILE = "{profile}"       # env placeholder: the default run's --profile-out file
 ARENA = "{arena}"           # env placeholder: the run's arena (SDQ_ARENA_MB; --arena-mb then asks for twice it)
 HOT_PIN = "{hot_pin}"       # env placeholder: switches.hot_pin (the arena gets that many slots more per class)
+FAR = "{far_layer_ahead}"   # env placeholder: the plan's queue-run distance (check/plan.py)
+QUEUE = "{small_queue}"     # env placeholder: the plan's small queue
+PREFETCH = "prefetch"       # the invariant of a prefetching run: prefetches were issued
 
 
 @dataclass(frozen=True)
 class SwitchRun:
     name: str
     env: dict = field(default_factory=dict)
-    batch: int | None = None       # None: switches.batch
+    batch: int | None = None       # None: switches.batch (the hot-pin run: the plan's)
     prefetch: bool = True          # False: --no-prefetch
     expect: str = "prefetch"       # simulated | like-default | prefetch (the counters' invariants)
 
@@ -74,10 +79,11 @@ RUNS = [
                "SDQ_PREFETCH": "0"}, expect="simulated"),
     SwitchRun("layer-ahead 0, stale 0", {"SDQ_PREFETCH_LAYER_AHEAD": "0", "SDQ_PREFETCH_STALE_TOKENS": "0"},
               batch=3),
-    # a queue of 2 with predictions two layers ahead: they outlive the layer they were made
-    # at, so queued ones are issued late (with layer-ahead 0 a queued prediction is dropped
-    # at its own lookup, and a wrong late-issue path could never show)
-    SwitchRun("layer-ahead 2, queue 2", {"SDQ_PREFETCH_LAYER_AHEAD": "2", "SDQ_PREFETCH_QUEUE": "2"}),
+    # a queue smaller than a micro-batch's predictions, made up to two layers ahead: they
+    # outlive the layer they were made at, so queued ones are issued late (with layer-ahead 0
+    # a queued prediction is dropped at its own lookup, and a wrong late-issue path could
+    # never show); the plan picks both from the model (check/plan.py)
+    SwitchRun("far layer-ahead, small queue", {"SDQ_PREFETCH_LAYER_AHEAD": FAR, "SDQ_PREFETCH_QUEUE": QUEUE}),
 ]
 COUNTER_FIELDS = ("hits", "misses", "evictions", "ssd_bytes")
 
@@ -137,8 +143,44 @@ class SwitchesSuite:
             if wanted and r.name not in wanted:
                 continue
             missing = ctx.caps.lacking(("profile",) if PROFILE in r.env.values() else ())
-            out.append(lacks(NAME, r.name, missing, ctx.caps) if missing else
-                       Task(NAME, r.name, lambda r=r: [self.check(ctx, r, layers)], names=[r.name], cost=1.5))
+            if missing:
+                out.append(lacks(NAME, r.name, missing, ctx.caps))
+                continue
+            if FAR in r.env.values() and ctx.plan.far_layer_ahead == 0:
+                out.append(CheckResult(NAME, r.name, SKIP, f"a {ctx.facts.n_layer}-layer model has no layer ahead "
+                                       f"to predict", {"skipped_by": "model"}))
+                continue
+            out.append(Task(NAME, r.name, lambda r=r: [self.check(ctx, r, layers)], names=[r.name], cost=1.5))
+            out += [CheckResult(NAME, f"{r.name}: {branch}", SKIP, why, {"skipped_by": "model"})
+                    for branch, why in self.unreachable(ctx, r).items()]
+        return out
+
+    # -------------------------------------------------------------- the plan's settings
+
+    @staticmethod
+    def env(ctx: CheckContext, r: SwitchRun) -> dict[str, str]:
+        """The run's switches with the plan's values (the arena and profile stay placeholders)."""
+        p = ctx.plan
+        return {k: v.replace(HOT_PIN, str(ctx.cfg.switches.hot_pin)).replace(FAR, str(p.far_layer_ahead))
+                .replace(QUEUE, str(p.small_queue)) for k, v in r.env.items()}
+
+    @staticmethod
+    def batch(ctx: CheckContext, r: SwitchRun) -> int:
+        if HOT_PIN in r.env.values() and ctx.plan.hot_pin_batch is not None:
+            return ctx.plan.hot_pin_batch
+        return r.batch or ctx.cfg.switches.batch
+
+    def unreachable(self, ctx: CheckContext, r: SwitchRun) -> dict[str, str]:
+        """The run's branches this model cannot reach (check/plan.py), each with why: a
+        switch's branch event, and "prefetch" (a prefetching run issued prefetches)."""
+        env = self.env(ctx, r)
+        distance = int(env.get("SDQ_PREFETCH_LAYER_AHEAD", CONTRACT_LAYER_AHEAD))
+        out = {k: why for k, v in env.items() if k in EVIDENCE and EVIDENCE[k].selects(v)
+               for why in [ctx.plan.unreachable(ctx.facts, k, v, distance)] if why}
+        prefetching = r.prefetch and env.get("SDQ_PREFETCH") != "0" and r.expect == "prefetch"
+        why = ctx.plan.prefetch_reason(ctx.facts, distance) if prefetching else None
+        if why:
+            out[PREFETCH] = why
         return out
 
     # -------------------------------------------------------------- shared runs
@@ -148,12 +190,12 @@ class SwitchesSuite:
 
     def _run(self, ctx: CheckContext, r: SwitchRun):
         sw = ctx.cfg.switches
-        batch = r.batch or sw.batch
+        batch = self.batch(ctx, r)
         arena = self._arena_of(ctx, r, batch)
         out = self._dir(ctx, r.name)
         env = {"SDQ_MOE_DUMP": str(out / "moe")}
-        for k, v in r.env.items():
-            v = v.replace(ARENA, f"{arena:.6f}").replace(HOT_PIN, str(sw.hot_pin))
+        for k, v in self.env(ctx, r).items():
+            v = v.replace(ARENA, f"{arena:.6f}")
             if PROFILE in v:
                 v = str(self._default(ctx)[1] / "routing.profile")
             env[k] = v
@@ -181,7 +223,8 @@ class SwitchesSuite:
         if not run.ok:
             return run_failed(NAME, [r.name], run)[0]
         t0 = time.perf_counter()
-        props: dict = {"env": {k: v for k, v in r.env.items()}, "batch": r.batch or ctx.cfg.switches.batch,
+        skipped = self.unreachable(ctx, r)
+        props: dict = {"env": self.env(ctx, r), "batch": self.batch(ctx, r), "unreachable": skipped,
                        "prefetch": r.prefetch, "arena_mb": round(arena, 6), "expect": r.expect}
 
         def result(status: str, msg: str) -> CheckResult:
@@ -200,7 +243,7 @@ class SwitchesSuite:
             return result(FAIL, f"output unusable: {e}")
         problems: list[str] = []
         # 1. correctness
-        prompt = int(next((s["tokens"] for s in stats if s["phase"] == "prefill"), 0))
+        prompt = prompt_tokens(stats)
         for il in layers:
             d = check_dump(ctx, NAME, r.name, out / f"moe.{il}", il, ctx.cfg.layer.tolerance, logits.shape[0])
             if d.status != PASS:
@@ -213,9 +256,9 @@ class SwitchesSuite:
         if run.stdout != resident.stdout and rule.mode == "exact":
             problems.append("generated text differs from the resident run's")
         # 2. the switch's code ran, 3. the counters the switch promises and its effect
-        problems += self._evidence(r, stats, props, ctx.cfg.switches.hot_pin)
+        problems += self._evidence(self.env(ctx, r), r.prefetch, stats, props, skipped)
         try:
-            problems += self._counters(ctx, r, out, stats, prompt, props)
+            problems += self._counters(ctx, r, out, stats, prompt, props, skipped)
         except ContractError as e:
             problems.append(f"output unusable: {e}")
         if problems:
@@ -226,54 +269,35 @@ class SwitchesSuite:
                             f" (decode: {c.get('hits')} hits, {c.get('misses')} misses, {c.get('evictions')} evictions)")
 
     @staticmethod
-    def _evidence(r: SwitchRun, stats: list[dict], props: dict, hot_pin: int) -> list[str]:
-        """Every switch the run sets left its branch event in the stats (summed over phases)."""
+    def _evidence(env: dict[str, str], prefetch: bool, stats: list[dict], props: dict,
+                  skipped: dict[str, str]) -> list[str]:
+        """Every switch the run sets left its branch event in the stats (summed over phases),
+        but those this model cannot reach (`skipped`, reported as skips of their own)."""
         totals = {e: sum(int(s.get(e, 0)) for s in stats) for e in BRANCH_EVENTS}
         props["branch_events"] = totals
-        env = {k: v.replace(HOT_PIN, str(hot_pin)) for k, v in r.env.items()}
-        if not r.prefetch:                     # --no-prefetch: as SDQ_PREFETCH=0
+        env = dict(env)
+        if not prefetch:                       # --no-prefetch: as SDQ_PREFETCH=0
             env.setdefault("SDQ_PREFETCH", "0")
-        own = {k: v for k, v in env.items() if k in EVIDENCE and EVIDENCE[k].selects(v)}
+        own = {k: v for k, v in env.items() if k in EVIDENCE and EVIDENCE[k].selects(v) and k not in skipped}
         props["branch_evidence"] = {k: f"{EVIDENCE[k].event}={totals.get(EVIDENCE[k].event, 0)}" for k in own}
         missing = [f"{k}={v}: {EVIDENCE[k].text}, but {EVIDENCE[k].event} = {totals.get(EVIDENCE[k].event, 0)}"
                    for k, v in own.items() if not EVIDENCE[k].holds(v, totals)]
         return [f"the run did not reach its switch's branch ({'; '.join(missing)})"] if missing else []
 
-    def _lookups(self, ctx: CheckContext, out, prompt: int) -> tuple[list[Lookup], list[int]]:
-        """Every lookup in run order, from the dumps (micro-batch by micro-batch, layer by
-        layer), and the rows of each prefill micro-batch."""
-        f = ctx.facts
-        recs = [read_moe_dump(out / f"moe.{il}", layer=il, n_embd=f.n_embd, k=f.n_expert_used).records
-                for il in range(f.n_layer)]
-        n = len(recs[0])
-        if any(len(x) != n for x in recs):
-            raise ContractError(out / "moe.0", f"layers dumped different numbers of micro-batches "
-                                               f"({sorted({len(x) for x in recs})})")
-        lookups, rows, done = [], [], 0
-        for m in range(n):
-            phase = "prefill" if done < prompt else "decode"
-            if phase == "prefill":
-                rows.append(len(recs[0][m].h))
-            done += len(recs[0][m].h)
-            for il in range(f.n_layer):
-                experts = list(dict.fromkeys(int(e) for e in recs[il][m].selected.ravel()))
-                lookups.append(Lookup(phase, il, experts))
-        return lookups, rows
-
     def _counters(self, ctx: CheckContext, r: SwitchRun, out, stats: list[dict], prompt: int,
-                  props: dict) -> list[str]:
+                  props: dict, skipped: dict[str, str]) -> list[str]:
         problems = []
         by_phase = {s["phase"]: s for s in stats}
         for ph, s in by_phase.items():
             props[ph] = {k: s.get(k) for k in (*COUNTER_FIELDS, "prefetch_issued", "prefetch_used", "n_slots")}
-        lookups, rows = self._lookups(ctx, out, prompt)
+        lookups, rows = dumped_lookups(ctx.facts, out / "moe", prompt)
         for ph in ("prefill", "decode"):
             n = sum(len(lk.experts) for lk in lookups if lk.phase == ph)
             s = by_phase.get(ph, {})
             if s.get("hits", 0) + s.get("misses", 0) != n:
                 problems.append(f"{ph}: hits + misses = {s.get('hits', 0) + s.get('misses', 0)}, but the run "
                                 f"looked up {n} (layer, expert) pairs (its MoE dump)")
-        batch = r.batch or ctx.cfg.switches.batch
+        batch = self.batch(ctx, r)
         if len(rows) != math.ceil(prompt / batch) or max(rows, default=0) > batch:
             problems.append(f"-b {batch}: the prompt of {prompt} tokens was evaluated in {len(rows)} micro-batches "
                             f"(largest {max(rows, default=0)} rows), expected {math.ceil(prompt / batch)}")
@@ -293,7 +317,7 @@ class SwitchesSuite:
             issued = sum(s.get("prefetch_issued", 0) for s in stats)
             used = sum(s.get("prefetch_used", 0) for s in stats)
             hits = sum(s.get("hits", 0) for s in stats)
-            if issued <= 0:
+            if issued <= 0 and PREFETCH not in skipped:
                 problems.append("no prefetch was issued: the prefetch path of these settings did not run")
             if used > issued or used > hits:
                 problems.append(f"prefetch_used {used} exceeds prefetch_issued {issued} or hits {hits}")
@@ -305,8 +329,7 @@ class SwitchesSuite:
         exact_reads = r.env.get("SDQ_DIRECT_IO") == "0"
         facts = f if not exact_reads else type(f).of(ctx.mf, ctx.cfg.run.slot_align, windows=False)
         uniform = r.env.get("SDQ_FORCE_UNIFORM_SLOT") == "1" or len(set(facts.slot_bytes)) == 1
-        big = max(facts.slot_bytes)
-        classes = [1 if uniform or facts.slot_bytes[il] == big else 0 for il in range(f.n_layer)]
+        classes = facts.class_of_layers(uniform)
         n_slots = [int(s0.get("n_slots_small", 0)), int(s0.get("n_slots_large", 0))]
         if uniform and n_slots[0] != 0:
             problems.append(f"uniform slots asked for, but the arena has {n_slots[0]} small slots")

@@ -1,0 +1,149 @@
+"""The gate on valid models none of the presets is (epmci/synth/shapes.py; no golden
+baseline for any): the correct engine passes `check --fast` on each, what the model's shape
+makes unreachable is a SKIP with its reason (check/plan.py), and a fault on a branch the
+small model can reach is still caught there. bench/shapes.py runs the same property over
+dozens of shapes (docs/shapes.md)."""
+
+from __future__ import annotations
+
+import pytest
+
+from epmci.check.plan import CheckPlan, late_issue_reason, pin_batch, reachable_distance, stale_reason
+from epmci.config.schema import CheckConfig
+from epmci.gguf.facts import ModelFacts
+from epmci.synth.shapes import shape
+from epmci.synth.store import shape_model
+from faults import broken_engine, results, run_check, statuses
+from test_switches import FAULTS
+
+# seed: what the shape is the test for
+SHAPES = {
+    3: "qwen3moe, 1 layer, 16 experts top-5: no layer ahead to predict",
+    15: "qwen3moe, 2 layers, all 4 experts used by every token: no prediction can be wrong",
+    19: "qwen35moe, 3 layers, all 8 experts used, MQA, two expert sizes",
+    31: "qwen3moe, 3 layers, 64 experts top-1, MQA",
+}
+
+
+def facts(**kw) -> ModelFacts:
+    d = dict(n_layer=4, n_expert=8, n_expert_used=2, n_embd=256, types=[], expert_bytes=[], slot_bytes=[1] * 4)
+    d.update(kw)
+    return ModelFacts(**d)
+
+
+def test_the_shapes_are_what_the_tests_say():
+    s = {seed: shape(seed) for seed in SHAPES}
+    assert (s[3].n_layer, s[3].n_expert, s[3].n_expert_used) == (1, 16, 5)
+    assert (s[15].n_layer, s[15].n_expert, s[15].n_expert_used) == (2, 4, 4)
+    assert s[19].arch == "qwen35moe" and (s[19].n_layer, s[19].n_expert_used) == (3, 8) and s[19].n_head_kv == 1
+    assert (s[31].n_layer, s[31].n_expert, s[31].n_expert_used, s[31].n_head_kv) == (3, 64, 1, 1)
+
+
+def test_every_generated_shape_is_valid_and_within_size():
+    for seed in range(200):
+        p = shape(seed)
+        assert 1 <= p.n_layer <= 16 and 4 <= p.n_expert <= 128 and 1 <= p.n_expert_used <= min(8, p.n_expert)
+        assert p.n_embd % 256 == 0 and p.n_ff_exp % 256 == 0 and p.n_head * p.head_dim % 256 == 0
+        assert p.n_head % p.n_head_kv == 0
+
+
+def test_the_reachability_rule_on_model_facts():
+    """The line between a branch a run must reach and one the model cannot (plan.py)."""
+    assert [reachable_distance(n, 2) for n in (1, 2, 3, 8)] == [0, 1, 2, 2]
+    assert late_issue_reason(3, 1) is None and late_issue_reason(4, 2) is None
+    assert "needs 3 layers" in late_issue_reason(2, 1) and "needs 4 layers" in late_issue_reason(3, 2)
+    assert "dropped at its own layer's lookup" in late_issue_reason(8, 0)
+    assert stale_reason(facts(), 0) is None
+    assert "no prediction can be wrong" in stale_reason(facts(n_expert_used=8), 0)
+    assert "1-layer" in stale_reason(facts(n_layer=1, slot_bytes=[1]), 0)
+    # a hot pin needs a slot the micro-batch leaves: 1 layer of 8 experts, top-2 -> -b 3 at most
+    assert pin_batch(facts(n_layer=1, slot_bytes=[1]), 4) == 3 and pin_batch(facts(), 4) == 4
+    assert pin_batch(facts(n_layer=1, n_expert=4, n_expert_used=4, slot_bytes=[1]), 4) is None
+
+
+def test_the_plan_says_what_it_changed_and_why():
+    plan = CheckPlan.of(CheckConfig(), facts(n_layer=1, slot_bytes=[1]), jobs=2, memory_mb=1000.0)
+    assert plan.stress_layer_ahead == 0 and plan.far_layer_ahead == 0 and plan.hot_pin_batch == 3
+    text = plan.text()
+    assert "prefetch-stress layer-ahead 1 -> 0" in text and "hot-pin run -b 4 -> 3" in text
+    assert plan.to_dict()["adjusted"] == list(plan.adjusted)
+    ci = CheckPlan.of(CheckConfig(), facts(n_layer=8, n_expert=64, n_expert_used=4, slot_bytes=[1] * 8), 2, None)
+    assert (ci.stress_layer_ahead, ci.far_layer_ahead, ci.small_queue, ci.hot_pin_batch, ci.adjusted) == (1, 2, 2, 4, ())
+    top1 = CheckPlan.of(CheckConfig(), facts(n_expert_used=1, n_expert=2), 2, None)
+    assert top1.small_queue == 1       # a micro-batch predicts at most 2 experts: the queue must be smaller
+
+
+@pytest.mark.usefixtures("built_engine")
+@pytest.mark.parametrize("seed", list(SHAPES))
+def test_the_correct_engine_passes_every_shape(tmp_path, seed):
+    rc, rep = run_check(tmp_path, shape_model(seed), None, "--fast", "--no-build")
+    bad = [(s["name"], r["name"], r["message"]) for s in rep["suites"] for r in s["results"]
+           if r["status"] not in ("pass", "skip")]
+    assert rc == 0 and not bad, bad
+    skipped = {f"{s['name']} / {r['name']}": r["message"] for s in rep["suites"] for r in s["results"]
+               if r["status"] == "skip" and r["properties"].get("skipped_by") == "model"}
+    assert rep["meta"]["plan"]["jobs"] == 2
+    if seed == 3:
+        assert skipped == {"switches / default: prefetch": "a 1-layer model has no layer 1 ahead to predict",
+                           "switches / far layer-ahead, small queue": "a 1-layer model has no layer ahead to predict",
+                           "switches / layer-ahead 0, stale 0: SDQ_PREFETCH_STALE_TOKENS":
+                               stale_reason(facts(n_layer=1, slot_bytes=[1]), 0)}, skipped
+    if seed == 15:
+        assert "no prediction can be wrong" in skipped["switches / layer-ahead 0, stale 0: SDQ_PREFETCH_STALE_TOKENS"]
+        assert "needs 3 layers" in skipped["switches / far layer-ahead, small queue: SDQ_PREFETCH_QUEUE"]
+    if seed == 31:       # 3 layers reach every branch
+        assert not skipped, skipped
+
+
+@pytest.mark.usefixtures("built_engine")
+def test_a_late_issue_fault_is_caught_on_a_3_layer_model(tmp_path):
+    """The late-issued prefetch reading its neighbour: on 3 layers the plan predicts 1 layer
+    ahead (2 would leave no layer start to issue late at), and the run reaches the branch."""
+    patch, _, says = FAULTS["a late-issued prefetch reads the neighbouring expert"]
+    rc, rep = run_check(tmp_path, shape_model(31), broken_engine(tmp_path, patch), "--suites", "switches",
+                        "--set", "switches.runs=[default, 'far layer-ahead, small queue']")
+    st = statuses(rep, "switches")
+    assert rc == 1 and st == {"default": "pass", "far layer-ahead, small queue": "fail"}, st
+    far = results(rep, "switches")[1]
+    assert says in far["message"] and far["properties"]["env"]["SDQ_PREFETCH_LAYER_AHEAD"] == "1"
+
+
+@pytest.mark.usefixtures("built_engine")
+def test_under_reported_evictions_are_caught_on_a_2_layer_model(tmp_path):
+    """An engine that reports no evictions: prefetch-stress holds them to the fewest any
+    policy needs on the run's own routing (Belady), with no golden to compare with."""
+    patch = """
+        import engine.paging.cache_policy as C
+        good = C.CachePolicy.counters
+        C.CachePolicy.counters = lambda self: {**good(self), "evictions": 0}
+    """
+    rc, rep = run_check(tmp_path, shape_model(15), broken_engine(tmp_path, patch), "--suites", "prefetch-stress")
+    heads = [r for r in results(rep, "prefetch-stress") if r["name"].endswith(" run")]
+    assert rc == 1 and heads and all(r["status"] == "fail" for r in heads), heads
+    assert all("0 evictions, but no policy serves this run's routing" in r["message"] for r in heads)
+    assert all(r["properties"]["fewest_evictions"] > 0 for r in heads)
+
+
+@pytest.mark.usefixtures("built_engine")
+def test_a_prefetch_into_the_wrong_bytes_is_caught_on_a_1_layer_model(tmp_path):
+    """On one layer the stress run predicts its own layer (distance 0): a prefetch that reads
+    the neighbouring expert's bytes is computed from, and the MoE dump differs."""
+    patch = """
+        import engine.paging.pager as P
+        good_begin, good_read = P.Pager.begin_layer, P.Pager._read_into_slot
+        PREFETCHING = [False]
+        def begin_layer(self, il, x):
+            PREFETCHING[0] = True
+            try:
+                return good_begin(self, il, x)
+            finally:
+                PREFETCHING[0] = False
+        def _read_into_slot(self, key, slot):
+            if PREFETCHING[0]:
+                key = (key[0], (key[1] + 1) % self.gm.hp.n_expert)
+            return good_read(self, key, slot)
+        P.Pager.begin_layer, P.Pager._read_into_slot = begin_layer, _read_into_slot
+    """
+    rc, rep = run_check(tmp_path, shape_model(3), broken_engine(tmp_path, patch), "--suites", "prefetch-stress")
+    st = statuses(rep, "prefetch-stress")
+    assert rc == 1 and st["mixed L0"] == "fail" and st["uniform L0"] == "fail", st
