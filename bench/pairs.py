@@ -62,6 +62,7 @@ from epmci.contract.memory import min_arena_mib  # noqa: E402
 from epmci.errors import InputError  # noqa: E402
 from epmci.perf.machine import available_memory_mib  # noqa: E402
 from epmci.perf.paced import PacedResult, PairFailed, Unpaceable, operating_point, paced_spec, run_pair  # noqa: E402
+from epmci.perf.settings import for_model  # noqa: E402
 from epmci.synth.store import resolve_model  # noqa: E402
 
 HOG = "while True: pass"
@@ -103,6 +104,7 @@ def record(a) -> int:
         die(str(e))
     pc = cfg.perf
     model = resolve_model(a.model)
+    cfg, _ = for_model(cfg, ModelFile(model))
     facts = ModelFacts.of(ModelFile(model), cfg.run.slot_align, cfg.run.slot_windows)
     fixed = {"n_predict": pc.n_predict, "ctx": pc.ctx, "batch": pc.batch, "threads": cfg.engine.threads,
              "arena_fraction": pc.arena_fraction, "ram_budget_mb": pc.ram_budget_mb}

@@ -64,6 +64,7 @@ from epmci.gguf.file import ModelFile  # noqa: E402
 from epmci.perf.abba import FIXED_ENV, Side, run_abab  # noqa: E402
 from epmci.perf.measure import measure  # noqa: E402
 from epmci.perf.paced import paced_spec, run_paced  # noqa: E402
+from epmci.perf.settings import for_model  # noqa: E402
 from epmci.synth.store import resolve_model  # noqa: E402
 
 COMPUTE_WRAPPER = """
@@ -255,6 +256,7 @@ def main() -> int:
     cfg = load_config(a.config, parse_set(a.set))
     pc = cfg.perf
     model = resolve_model(a.model or cfg.model).resolve()
+    cfg, _ = for_model(cfg, ModelFile(model))
     facts = ModelFacts.of(ModelFile(model), cfg.run.slot_align)
     fixed = {"n_predict": pc.n_predict, "ctx": pc.ctx, "batch": pc.batch, "threads": cfg.engine.threads,
              "arena_fraction": pc.arena_fraction, "ram_budget_mb": pc.ram_budget_mb}

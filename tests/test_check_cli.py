@@ -187,7 +187,7 @@ def test_bad_config_is_exit_2(tmp_path, capsys):
     cfg = tmp_path / "epmci.yaml"
     cfg.write_text("engine:\n  timeout_s: soon\n")
     assert epmci_main(["check", "--config", str(cfg)]) == 2
-    assert "engine.timeout_s must be float" in capsys.readouterr().err
+    assert "engine.timeout_s must be a number of seconds > 0 or auto, got 'soon'" in capsys.readouterr().err
     assert epmci_main(["check", "--set", "layer.layers=[0, x]"]) == 2
     assert epmci_main(["check", "--suites", "kernel,nosuch"]) == 2
     assert epmci_main(["check", "--layers", "0,one"]) == 2

@@ -25,6 +25,7 @@ from ..contract.process import EngineCommand
 from ..contract.runspec import LOGITS_FILE, STATS_FILE, RunSpec, run
 from ..errors import InputError
 from ..gguf.file import ModelFile
+from ..perf.settings import for_model
 from ..reference.tokenizer import ReferenceTokenizer
 from ..synth.store import resolve_model
 from .capabilities import declared, engine_for_model
@@ -139,6 +140,7 @@ def compare_engines(cfg: CheckConfig, cmds: list[str | None], *, prompt: str, po
     when either cannot be compared: no teacher forcing, a failed run, unusable output."""
     model = resolve_model(cfg.model)
     mf = ModelFile(model)
+    cfg, _ = for_model(cfg, mf)
     engines = [_engine(cfg, c, mf) for c in cmds]
     tokens = given_tokens(mf, prompt, positions, decode)
     with tempfile.TemporaryDirectory(prefix="epmci-compare-", dir=workdir) as td:

@@ -19,6 +19,7 @@ from ..gguf.file import ModelFile
 from ..perf.golden import Golden, load, write
 from ..perf.plan import prepare
 from ..perf.record import record_golden
+from ..perf.settings import for_model
 from .capabilities import declared
 from .result import CheckReport, CheckResult
 from .runner import run_check
@@ -53,6 +54,7 @@ def update_golden(cfg: CheckConfig, reason: str, *, timing: bool, repeats: int, 
         return out
     model = Path(report.meta["model"])
     mf = ModelFile(model)
+    cfg, _ = for_model(cfg, mf)          # the settings the check just ran with
     engine = EngineCommand.from_setting(cfg.engine.cmd, cfg.engine.env)
     caps, why = declared(cfg, engine)
     if caps is None:

@@ -28,6 +28,7 @@ from ..errors import InputError
 from ..gguf.facts import ModelFacts
 from ..gguf.file import ModelFile
 from ..perf.machine import cpu_count
+from ..perf.settings import for_model
 from ..synth.presets import PRESETS
 from ..synth.store import cached_model_path, resolve_model
 from .capabilities import declared, engine_for_model, lacks
@@ -78,6 +79,10 @@ def run_check(cfg: CheckConfig, progress: Progress | None = None, *, build: bool
     try:
         model_path, mf = _model(cfg, say)
         report.meta.update(model=str(model_path), model_setting=cfg.model)
+        cfg, derived = for_model(cfg, mf)
+        report.meta["settings_derived"] = derived
+        for line in derived:
+            say(f"derived {line}")
         wd = _workdir(workdir)
         report.meta["workdir"] = str(wd)
         if build:        # first: an external engine may only exist once built

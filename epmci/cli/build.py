@@ -9,6 +9,7 @@ from ..check.runner import build_for_check
 from ..contract.process import EngineCommand
 from ..gguf.facts import ModelFacts
 from ..gguf.file import ModelFile
+from ..perf.settings import for_model
 from ..synth.store import resolve_model
 from .options import add_config_args, config_from_args
 
@@ -24,7 +25,9 @@ def run(a: argparse.Namespace) -> int:
     cfg = config_from_args(a)
     model = resolve_model(cfg.model)
     engine = EngineCommand.from_setting(cfg.engine.cmd, cfg.engine.env)
-    facts = ModelFacts.of(ModelFile(model), cfg.run.slot_align, cfg.run.slot_windows)
+    mf = ModelFile(model)
+    cfg, _ = for_model(cfg, mf)
+    facts = ModelFacts.of(mf, cfg.run.slot_align, cfg.run.slot_windows)
     print(f"epmci build: {engine.describe()} on {model}", flush=True)
     r = build_for_check(cfg, engine, model, facts)
     if not r.ok:

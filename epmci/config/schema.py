@@ -26,7 +26,7 @@ class EngineConfig:
     cmd: str | list[str] | None = None   # None: the bundled engine, `python -m engine`
     build_cmd: str | list[str] | None = None  # external engine: its build command
     build_timeout_s: float = 900.0
-    timeout_s: float = 300.0             # every engine run is killed after this
+    timeout_s: float | str = "auto"      # every engine run is killed after this; auto: 300 s + the model file read at 32 MiB/s (config/derive.py)
     threads: int = 1                     # -t (determinism also runs another count)
     ctx: int = 512                       # -c
     env: dict[str, str] = field(default_factory=dict)
@@ -117,6 +117,7 @@ class ModelSuiteConfig:
     # with kl, max KL(reference || engine) per position, nats: 4x llama.cpp's worst on the
     # shipped models (2.5e-3, ci; docs/CORRECTNESS.md "Tolerance for engines that are not bit-exact")
     max_kl: float = 1e-2
+    max_positions: int | str = "auto"   # prompt positions at most; auto: the reference's work on this model (config/derive.py)
 
 
 @dataclass
@@ -141,7 +142,7 @@ class PerfConfig:
     batch: int = 8                   # -b
     ctx: int = 256                   # -c
     arena_fraction: float = 0.25     # of all expert bytes (a scenario may override it)
-    ram_budget_mb: float = 1024.0    # --ram-budget-mb of every perf run; peak RSS must stay under it
+    ram_budget_mb: float | str = "auto"  # --ram-budget-mb of every perf run; peak RSS must stay under it; auto: config/derive.py
     repeats: int = 5                 # timed runs per scenario (check and golden update; --fast: none)
     max_repeats: int = 9             # an UNKNOWN verdict buys more runs, up to this many
     alpha: float = 0.05              # golden and ABBA timing: false-alarm budget of a verdict (two-sided)
@@ -160,7 +161,7 @@ class PerfConfig:
     abba_max_pairs: int = 12         # ABBA: UNKNOWN buys two more pairs at a time, up to this many
     abba_n_predict: int = 64         # ABBA runs: longer decode, steadier tok/s (docs/perf-gate.md)
     paired_test: str = "wilcoxon"    # ABBA p-value: wilcoxon (signed-rank) | sign
-    golden_rows: int = 8             # logits rows per prompt kept in the golden side file
+    golden_rows: int | str = "auto"  # logits rows per prompt kept in the golden side file; auto: 8, fewer for a large vocabulary
     missing_baseline: str = "auto"   # no golden for the profile and model: auto (fail in CI, else skip) | fail | skip
     rss_growth_pct: float = 10.0     # peak RSS may exceed golden's by the larger of this share ...
     rss_growth_mb: float = 16.0      # ... and this many MiB

@@ -34,8 +34,11 @@ def validate(cfg: CheckConfig) -> None:
         if val < lo:
             raise InputError(w, f"{key} must be >= {lo}, got {val}")
     for key, t in (("engine.timeout_s", e.timeout_s), ("engine.build_timeout_s", e.build_timeout_s)):
-        if not t > 0:
-            raise InputError(w, f"{key} must be > 0, got {t}")
+        if t == "auto" and key == "engine.timeout_s":
+            continue
+        if isinstance(t, str) or not t > 0:
+            raise InputError(w, f"{key} must be a number of seconds > 0{' or auto' if key == 'engine.timeout_s' else ''}, "
+                                f"got {t!r}")
     if isinstance(r.memory_mb, str) and r.memory_mb != "auto" or not isinstance(r.memory_mb, str) and r.memory_mb <= 0:
         raise InputError(w, f"run.memory_mb must be a number of MiB > 0 or 'auto', got {r.memory_mb!r}")
     if isinstance(r.arena_mb, str) and r.arena_mb != "auto":
@@ -60,6 +63,8 @@ def validate(cfg: CheckConfig) -> None:
     if cfg.e2e.compare not in COMPARE_MODES:
         raise InputError(w, f"e2e.compare must be one of {', '.join(COMPARE_MODES)}, got {cfg.e2e.compare!r}")
     ms = cfg.model_suite
+    if ms.max_positions != "auto" and (isinstance(ms.max_positions, str) or ms.max_positions < 2):
+        raise InputError(w, f"model_suite.max_positions must be 'auto' or >= 2, got {ms.max_positions!r}")
     if not 0 < ms.context_fraction <= 0.95:
         raise InputError(w, f"model_suite.context_fraction must be in (0, 0.95], got {ms.context_fraction}")
     if ms.n_predict < 2 or ms.batch < 1:
@@ -112,7 +117,9 @@ def validate_perf(p: PerfConfig, where: str) -> None:
                          ("perf.base_steps", p.base_steps, 4), ("perf.base_warmup_steps", p.base_warmup_steps, 0),
                          ("perf.abba_pairs", p.abba_pairs, 2), ("perf.abba_max_pairs", p.abba_max_pairs, 2),
                          ("perf.golden_rows", p.golden_rows, 1), ("perf.abba_n_predict", p.abba_n_predict, 2)):
-        if val < lo:
+        if val == "auto" and key == "perf.golden_rows":
+            continue
+        if isinstance(val, str) or val < lo:
             raise InputError(where, f"{key} must be >= {lo}, got {val}")
     if p.max_repeats < p.repeats:
         raise InputError(where, "perf.max_repeats must be >= perf.repeats")
@@ -138,7 +145,7 @@ def validate_perf(p: PerfConfig, where: str) -> None:
         raise InputError(where, f"perf.p99_max_ratio must be > 1, got {p.p99_max_ratio}")
     if not 0 < p.arena_fraction <= 1:
         raise InputError(where, f"perf.arena_fraction must be in (0, 1], got {p.arena_fraction}")
-    if not p.ram_budget_mb > 0:
+    if p.ram_budget_mb != "auto" and (isinstance(p.ram_budget_mb, str) or not p.ram_budget_mb > 0):
         raise InputError(where, f"perf.ram_budget_mb must be > 0, got {p.ram_budget_mb}")
     if not 0 < p.alpha < 1:
         raise InputError(where, f"perf.alpha must be in (0, 1), got {p.alpha}")

@@ -27,6 +27,7 @@ from ..fsutil import atomic_write
 from ..gguf.facts import ModelFacts
 from ..gguf.file import ModelFile
 from ..synth.store import resolve_model
+from .settings import for_model
 from ..units import MiB
 from .machine import fingerprint
 from .measure import Measurement, measure, unstable
@@ -147,7 +148,9 @@ def bench_matrix(cfg: CheckConfig, suite: str, only: str | None, repeat: int, n_
     say = progress or (lambda s: None)
     exps = select(suite, only)
     model = resolve_model(cfg.model).resolve()
-    facts = ModelFacts.of(ModelFile(model), cfg.run.slot_align, cfg.run.slot_windows)
+    mf = ModelFile(model)
+    cfg, _ = for_model(cfg, mf)
+    facts = ModelFacts.of(mf, cfg.run.slot_align, cfg.run.slot_windows)
     engine = EngineCommand.from_setting(cfg.engine.cmd, cfg.engine.env)
     fixed = dict(FIXED, threads=cfg.engine.threads)
     if n_predict is not None:

@@ -116,6 +116,14 @@ def _cgroup_mem_limit_gib() -> float | None:
     return round(min(limits) / 2**30, 2) if limits else None
 
 
+def memory_limit_mib() -> float | None:
+    """The machine's memory as a job sees it for good: its cgroup limit, else MemTotal (not
+    what is free at the moment, which moves with the page cache and other jobs)."""
+    limit, total = _cgroup_mem_limit_gib(), _meminfo_mib("MemTotal")
+    sizes = [x for x in (None if limit is None else limit * 1024, total) if x is not None]
+    return min(sizes) if sizes else None
+
+
 def _meminfo_mib(key: str) -> float | None:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
