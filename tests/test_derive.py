@@ -22,7 +22,7 @@ def prod35_full_facts() -> ModelFacts:
     eb = [large if il in (34, 38, 39) else small for il in range(40)]
     experts = sum(eb) * 256
     return ModelFacts(40, 256, 8, 2048, [("Q4_K", "Q4_K", "Q5_K")] * 40, eb, eb, ["attention"] * 40,
-                      file_bytes=experts + int(1.0 * GiB), n_vocab=248_320)
+                      file_bytes=experts + 1_972_625_344, n_vocab=248_320)
 
 
 def test_small_models_keep_the_old_defaults(tiny_model):
@@ -33,14 +33,15 @@ def test_small_models_keep_the_old_defaults(tiny_model):
 
 
 def test_the_production_shape_in_8_gib_gets_what_it_needed_by_hand():
-    """engine.timeout_s=900, perf.ram_budget_mb=4900, perf.golden_rows=1 and 128 prompt
-    positions (context_fraction 0.03125 of 4096) were the hand-set overrides."""
+    """engine.timeout_s=900, perf.golden_rows=1 and 128 prompt positions (context_fraction
+    0.03125 of 4096) were the hand-set overrides; the budget (4900 by hand) now leaves the
+    check's memory pool its reserve."""
     cfg, derived = resolve(CheckConfig(), prod35_full_facts(), 8192.0)
     assert cfg.engine.timeout_s >= 900
-    assert cfg.perf.ram_budget_mb == 4900.0                 # 60 % of 8 GiB, in 100 MiB steps
+    assert cfg.perf.ram_budget_mb == 4500.0                 # 55 % of 8 GiB, in 100 MiB steps
     assert cfg.perf.golden_rows == 1
     assert cfg.model_suite.max_positions == 128             # 4 micro-batches of 32
-    assert any("capped at 0.6 of the machine's 8,192 MiB" in line for line in derived), derived
+    assert any("capped at 0.55 of the machine's 8,192 MiB" in line for line in derived), derived
     # without a memory limit the budget is the run's whole need
     roomy, _ = resolve(CheckConfig(), prod35_full_facts(), None)
     assert roomy.perf.ram_budget_mb > 4900

@@ -445,9 +445,13 @@ def test_gate_runs_every_gate_model(gate_wf, golden_wf):
 
 def test_production_scale_runs_with_the_settings_its_baselines_were_recorded_with():
     """The nightly prod35-full job checks against golden/epm-8gb's prod35-full baselines:
-    its --set flags must give the settings those were recorded with, or every counter and
-    fingerprint comparison is refused as recorded with other settings."""
+    its settings (--set flags, if any, and what the model and the runner's memory derive)
+    must be those they were recorded with, or every counter and fingerprint comparison is
+    refused as recorded with other settings."""
+    from test_derive import prod35_full_facts
+
     from epmci.config import load_config
+    from epmci.config.derive import resolve
     from epmci.config.load import parse_set
     from epmci.perf import golden as G
     from epmci.perf.plan import perf_settings
@@ -464,7 +468,9 @@ def test_production_scale_runs_with_the_settings_its_baselines_were_recorded_wit
         sets = [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]
         baselines = sorted((ROOT / "golden" / argv[argv.index("--profile") + 1]).glob("prod35-full-seed0-gen*.yaml"))
         assert len(baselines) == 1, baselines
-        assert G.load(baselines[0]).settings == perf_settings(load_config(ROOT / "epmci.yaml", parse_set(sets)))
+        # the settings derived for that model in the runner's 8 GiB (config/derive.py)
+        cfg, _ = resolve(load_config(ROOT / "epmci.yaml", parse_set(sets)), prod35_full_facts(), 8192.0)
+        assert G.load(baselines[0]).settings == perf_settings(cfg)
     # the ref reaches the script through the environment (never pasted into it), and the
     # history the base is built from is there
     inputs = wf["on"]["workflow_dispatch"]["inputs"]
