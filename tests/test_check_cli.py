@@ -9,6 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 from lxml import etree
 
 from epmci.cli import main as epmci_main
@@ -240,3 +241,50 @@ def test_a_reader_that_goes_away_is_no_error(ci_model):
     p = subprocess.run(f"{sys.executable} -m epmci model info {ci_model} | head -1", shell=True,
                        capture_output=True, text=True, cwd=REPO, timeout=120)
     assert p.stdout.strip() == str(ci_model) and p.stderr == "", p.stderr
+
+
+def _gone(pid: int) -> bool:
+    """The process has exited (a zombie waiting for a reaper counts as gone)."""
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.usefixtures("built_engine")
+def test_a_stopped_check_leaves_no_engine_behind(tmp_path, tiny_model):
+    """SIGTERM to `epmci check` (a cancelled CI job) kills its engine runs, which lead
+    sessions of their own and would otherwise outlive it; exit 128 + 15, one line saying so."""
+    import signal
+    import subprocess
+    import time
+
+    from faults import broken_engine
+    pids = tmp_path / "engine.pids"
+    cmd = broken_engine(tmp_path, f"""
+        import os, engine.runtime as R
+        def hang(self, *a, **k):
+            with open({str(pids)!r}, "a") as f:
+                f.write(f"{{os.getpid()}}\\n")
+            time.sleep(600)
+        R.Engine.__init__ = hang
+    """)
+    p = subprocess.Popen([sys.executable, "-m", "epmci", "check", "--model", str(tiny_model), "--engine-cmd", cmd,
+                          "--suites", "layer,determinism", "--no-build", "-q", "--workdir", str(tmp_path / "w")],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (pids.exists() and pids.read_text().strip()):
+            time.sleep(0.2)
+        assert pids.exists(), "no engine run started"
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    assert p.returncode == 128 + signal.SIGTERM
+    assert "epmci: stopped by SIGTERM;" in err and "engine run(s) killed" in err
+    started = [int(x) for x in pids.read_text().split()]
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not all(_gone(pid) for pid in started):
+        time.sleep(0.1)
+    assert started and all(_gone(pid) for pid in started), started

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 from importlib import metadata
 
+from ..contract import process
 from ..errors import InputError
 from . import bench, build, check, compare, conformance, golden, model
 
@@ -31,8 +34,27 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _stop(signum: int, _frame) -> None:
+    """SIGTERM/SIGHUP (a cancelled CI job, a closed terminal): kill the engines, which run
+    in sessions of their own and would outlive epmci, then exit at once (a clean unwind
+    would let the worker threads start the next engine runs)."""
+    killed = process.kill_all()
+    print(f"epmci: stopped by {signal.Signals(signum).name}; {killed} engine run(s) killed", file=sys.stderr)
+    os._exit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = {s: signal.signal(s, _stop) for s in (signal.SIGTERM, signal.SIGHUP)} if main_thread else {}
+    try:
+        return _run(args)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         return args.func(args)
     except InputError as e:

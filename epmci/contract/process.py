@@ -152,6 +152,29 @@ def _launch(cmd: EngineCommand, args: list[str], env: dict[str, str] | None,
 
 _running: dict[int, tuple[str, float]] = {}     # id -> (label, start): the engine runs going now
 _running_lock = threading.Lock()
+_live: set[subprocess.Popen] = set()             # every engine started and not yet reaped
+
+
+def _started(p: subprocess.Popen) -> subprocess.Popen:
+    with _running_lock:
+        _live.add(p)
+    return p
+
+
+def _reaped(p: subprocess.Popen) -> None:
+    with _running_lock:
+        _live.discard(p)
+
+
+def kill_all() -> int:
+    """Kill every engine still running and whatever each started (each leads its own
+    session, so a signal to epmci does not reach them): what an epmci that is itself being
+    stopped must do last, or its engines outlive it. The number killed."""
+    with _running_lock:
+        live = [p for p in _live if p.poll() is None]
+    for p in live:
+        _kill_group(p)
+    return len(live)
 
 
 def running() -> list[tuple[str, float]]:
@@ -170,8 +193,8 @@ def run_engine(cmd: EngineCommand, args: list[str], *, timeout: float, label: st
     argv, extra, full_env = _launch(cmd, args, env, threads)
     t0 = time.perf_counter()
     try:
-        p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, env=full_env, cwd=cwd, start_new_session=True)
+        p = _started(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, env=full_env, cwd=cwd, start_new_session=True))
     except OSError as e:
         return EngineRun(label, argv, extra, None, b"", "", time.perf_counter() - t0, timeout,
                          launch_error=f"{type(e).__name__}: {e}")
@@ -190,6 +213,7 @@ def run_engine(cmd: EngineCommand, args: list[str], *, timeout: float, label: st
         p.communicate()
         raise
     finally:
+        _reaped(p)
         with _running_lock:
             _running.pop(key, None)
     return EngineRun(label, argv, extra, p.returncode, out, err.decode("utf-8", "replace"),
@@ -216,6 +240,8 @@ class StartedEngine:
         if self.proc and self.proc.poll() is None:
             _kill_group(self.proc)
             self.proc.wait()
+        if self.proc:
+            _reaped(self.proc)
 
     def stderr_text(self) -> str:
         try:
@@ -234,6 +260,7 @@ class StartedEngine:
         except subprocess.TimeoutExpired:
             timed_out = True
             self.kill()
+        _reaped(self.proc)
         out = self.stdout_path.read_bytes() if self.stdout_path.exists() else b""
         return EngineRun(self.label, self.argv, self.extra, self.proc.returncode, out, self.stderr_text(),
                          time.perf_counter() - self.t0, self.timeout, timed_out)
@@ -249,8 +276,9 @@ def start_engine(cmd: EngineCommand, args: list[str], out: Path, *, timeout: flo
     pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None   # in the child, before exec
     try:
         with open(started.stdout_path, "wb") as so, open(started.stderr_path, "wb") as se:
-            started.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=so, stderr=se, env=full_env,
-                                            cwd=cwd, start_new_session=True, pass_fds=pass_fds, preexec_fn=pin)
+            started.proc = _started(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=so, stderr=se,
+                                                     env=full_env, cwd=cwd, start_new_session=True,
+                                                     pass_fds=pass_fds, preexec_fn=pin))
     except OSError as e:
         started.launch_error = f"{type(e).__name__}: {e}"
     return started
