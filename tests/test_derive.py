@@ -43,8 +43,9 @@ def test_the_production_shape_in_8_gib_gets_what_it_needed_by_hand():
     assert cfg.model_suite.max_positions == 128             # 4 micro-batches of 32
     assert any("capped at 0.55 of the machine's 8,192 MiB" in line for line in derived), derived
     # without a memory limit the budget is the run's whole need
-    roomy, _ = resolve(CheckConfig(), prod35_full_facts(), None)
-    assert roomy.perf.ram_budget_mb > 4900
+    roomy, lines = resolve(CheckConfig(), prod35_full_facts(), None)
+    assert roomy.perf.ram_budget_mb == 8500.0              # the need (8,402 MiB) rounded up, never down
+    assert any("need at a 0.25 arena, 8,402 MiB" in line for line in lines), lines
 
 
 def test_a_value_the_user_sets_wins(tmp_path):

@@ -66,6 +66,7 @@ def test_the_plan_says_what_it_changed_and_why():
     assert plan.stress_layer_ahead == 0 and plan.far_layer_ahead == 0 and plan.hot_pin_batch == 3
     text = plan.text()
     assert "prefetch-stress layer-ahead 1 -> 0" in text and "hot-pin run -b 4 -> 3" in text
+    assert "no queue run (no layer ahead to predict)" in text
     assert plan.to_dict()["adjusted"] == list(plan.adjusted)
     ci = CheckPlan.of(CheckConfig(), facts(n_layer=8, n_expert=64, n_expert_used=4, slot_bytes=[1] * 8), 2, None)
     assert (ci.stress_layer_ahead, ci.far_layer_ahead, ci.small_queue, ci.hot_pin_batch, ci.adjusted) == (1, 2, 2, 4, ())
@@ -147,3 +148,15 @@ def test_a_prefetch_into_the_wrong_bytes_is_caught_on_a_1_layer_model(tmp_path):
     rc, rep = run_check(tmp_path, shape_model(3), broken_engine(tmp_path, patch), "--suites", "prefetch-stress")
     st = statuses(rep, "prefetch-stress")
     assert rc == 1 and st["mixed L0"] == "fail" and st["uniform L0"] == "fail", st
+
+
+def test_a_dump_with_fewer_lookups_than_the_counters_fails_closed():
+    """The eviction floor and the switches' cache model rest on the run's MoE dump: a dump
+    that lost lookups (an empty one included) is a failure, never a floor of 0."""
+    from epmci.check.routing import lookup_count_problems
+    from epmci.contract.cache_model import Lookup
+    stats = [{"phase": "prefill", "hits": 3, "misses": 5}, {"phase": "decode", "hits": 1, "misses": 1}]
+    full = [Lookup("prefill", 0, [1, 2, 3, 4]), Lookup("prefill", 1, [1, 2, 3, 4]), Lookup("decode", 0, [5, 6])]
+    assert lookup_count_problems(stats, full) == []
+    assert len(lookup_count_problems(stats, [])) == 2
+    assert "looked up 0" in lookup_count_problems(stats, full[:2])[0]

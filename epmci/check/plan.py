@@ -137,7 +137,8 @@ class CheckPlan:
     def text(self) -> str:
         mem = "no memory limit" if self.memory_mb is None else f"{self.memory_mb:.0f} MiB for engine runs"
         pins = "no pin possible" if self.hot_pin_batch is None else f"hot pins at -b {self.hot_pin_batch}"
+        queue = (f"queue run layer-ahead {self.far_layer_ahead}, queue {self.small_queue}" if self.far_layer_ahead
+                 else "no queue run (no layer ahead to predict)")
         out = (f"plan: {self.jobs} engine run(s) at once, {mem}; prefetch-stress layer-ahead "
-               f"{self.stress_layer_ahead}; queue run layer-ahead {self.far_layer_ahead}, queue "
-               f"{self.small_queue}; {pins}")
+               f"{self.stress_layer_ahead}; {queue}; {pins}")
         return out + "".join(f"\n  adjusted: {a}" for a in self.adjusted)

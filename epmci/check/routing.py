@@ -29,6 +29,22 @@ def reference_routing_agreement(mf: ModelFile, dump_prefix: Path, ref_moe_in: np
     return routing_agreement([s[:n] for s in engine], ref)
 
 
+def lookup_count_problems(stats: list[dict], lookups: list[Lookup]) -> list[str]:
+    """Each phase's hits + misses must be the (layer, expert) pairs the run looked up by
+    its own MoE dump: a check built on the dump's routing fails closed on a dump that
+    holds fewer lookups than the run made (an empty one included), and on counters that
+    lose or invent lookups."""
+    by_phase = {s["phase"]: s for s in stats}
+    out = []
+    for ph in ("prefill", "decode"):
+        n = sum(len(lk.experts) for lk in lookups if lk.phase == ph)
+        s = by_phase.get(ph, {})
+        if s.get("hits", 0) + s.get("misses", 0) != n:
+            out.append(f"{ph}: hits + misses = {s.get('hits', 0) + s.get('misses', 0)}, but the run "
+                       f"looked up {n} (layer, expert) pairs (its MoE dump)")
+    return out
+
+
 def dumped_lookups(facts: ModelFacts, dump_prefix: Path, prompt: int) -> tuple[list[Lookup], list[int]]:
     """Every lookup of a run in run order, from its MoE dump (micro-batch by micro-batch,
     layer by layer; the first `prompt` rows are prefill), and the rows of each prefill

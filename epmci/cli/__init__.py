@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _stop(signum: int, _frame) -> None:
-    """SIGTERM/SIGHUP (a cancelled CI job, a closed terminal): kill the engines, which run
+    """SIGTERM/SIGHUP/SIGINT (a cancelled CI job, a closed terminal, Ctrl-C): kill the engines, which run
     in sessions of their own and would outlive epmci, then exit at once (a clean unwind
     would let the worker threads start the next engine runs)."""
     killed = process.kill_all()
@@ -46,7 +46,7 @@ def _stop(signum: int, _frame) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     main_thread = threading.current_thread() is threading.main_thread()
-    previous = {s: signal.signal(s, _stop) for s in (signal.SIGTERM, signal.SIGHUP)} if main_thread else {}
+    previous = {s: signal.signal(s, _stop) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)} if main_thread else {}
     try:
         return _run(args)
     finally:

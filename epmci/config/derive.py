@@ -9,8 +9,8 @@ The rules (each a cost or a size the model's facts decide, never a preset's valu
 - perf.ram_budget_mb: the perf run's need (resident weights, runtime, its arena at
   perf.arena_fraction; contract/memory.py), at least MIN_PERF_BUDGET_MIB, and at most
   PERF_MEMORY_SHARE of the machine's memory (its cgroup limit, else MemTotal: stable
-  between a profile's runners, unlike what is free at the moment), rounded down to
-  100 MiB; the arena gives way to the budget. The share leaves what the check's memory
+  between a profile's runners, unlike what is free at the moment), in 100 MiB steps (the
+  need rounded up, the cap down); the arena gives way to the budget. The share leaves what the check's memory
   pool keeps back for epmci (2 GiB, check/context.py) and what epmci already holds: at
   0.6 of 8 GiB the budget (4,900 MiB) was over the pool's 4,892 and the perf suite refused it. The golden baselines of a profile are
   recorded with it, so it must come out the same on every runner of the profile.
@@ -60,12 +60,12 @@ def resolve(cfg: CheckConfig, facts: ModelFacts, memory_limit_mib: float | None)
     if pc.ram_budget_mb == AUTO:
         spec = RunSpec("", batch=pc.batch, ctx=pc.ctx)
         need = fixed_need_mib(spec, facts) + pc.arena_fraction * facts.total_expert_bytes() / MiB
-        budget = max(MIN_PERF_BUDGET_MIB, need)
+        budget = -(-need // 100) * 100                         # the need, up to 100 MiB steps
         why = f"the perf run's need at a {pc.arena_fraction:g} arena, {need:,.0f} MiB"
         if memory_limit_mib is not None and budget > PERF_MEMORY_SHARE * memory_limit_mib:
-            budget = max(MIN_PERF_BUDGET_MIB, PERF_MEMORY_SHARE * memory_limit_mib)
+            budget = PERF_MEMORY_SHARE * memory_limit_mib // 100 * 100    # the cap, down
             why += f", capped at {PERF_MEMORY_SHARE:g} of the machine's {memory_limit_mib:,.0f} MiB (the arena gives way)"
-        pc.ram_budget_mb = float(budget // 100 * 100) if budget > MIN_PERF_BUDGET_MIB else MIN_PERF_BUDGET_MIB
+        pc.ram_budget_mb = float(max(MIN_PERF_BUDGET_MIB, budget))
         derived.append(f"perf.ram_budget_mb {pc.ram_budget_mb:g}: {why}")
     if pc.golden_rows == AUTO:
         pc.golden_rows = max(1, min(MAX_GOLDEN_ROWS, GOLDEN_ROW_BYTES // (4 * max(1, facts.n_vocab))))

@@ -21,7 +21,7 @@ from ...contract.runspec import STATS_FILE
 from ...units import MiB
 from ..context import CheckContext
 from ..result import FAIL, PASS, CheckResult
-from ..routing import dumped_lookups
+from ..routing import dumped_lookups, lookup_count_problems
 from .base import Task, run_failed
 from .layer import check_layers, dump_results, evaluated_rows
 
@@ -74,6 +74,7 @@ class PrefetchStressSuite:
             props["tokens"] = tokens
             n_slots = [int(stats[0].get("n_slots_small", 0)), int(stats[0].get("n_slots_large", 0))]
             lookups, _ = dumped_lookups(ctx.facts, out / "moe", prompt_tokens(stats))
+            problems += lookup_count_problems(stats, lookups)      # the floor rests on the whole routing
             loads = fewest_loads(lookups, ctx.facts.class_of_layers(uniform), n_slots)
             props["fewest_evictions"] = least = sum(max(0, n - s) for n, s in zip(loads, n_slots))
             if props["evictions"] < least:

@@ -42,7 +42,7 @@ from ...units import arena_mib
 from ..capabilities import lacks
 from ..context import CheckContext
 from ..moe_check import check_dump
-from ..routing import dumped_lookups
+from ..routing import dumped_lookups, lookup_count_problems
 from ..plan import CONTRACT_LAYER_AHEAD
 from ..result import FAIL, PASS, SKIP, CheckResult
 from .base import Task, run_failed
@@ -291,12 +291,7 @@ class SwitchesSuite:
         for ph, s in by_phase.items():
             props[ph] = {k: s.get(k) for k in (*COUNTER_FIELDS, "prefetch_issued", "prefetch_used", "n_slots")}
         lookups, rows = dumped_lookups(ctx.facts, out / "moe", prompt)
-        for ph in ("prefill", "decode"):
-            n = sum(len(lk.experts) for lk in lookups if lk.phase == ph)
-            s = by_phase.get(ph, {})
-            if s.get("hits", 0) + s.get("misses", 0) != n:
-                problems.append(f"{ph}: hits + misses = {s.get('hits', 0) + s.get('misses', 0)}, but the run "
-                                f"looked up {n} (layer, expert) pairs (its MoE dump)")
+        problems += lookup_count_problems(stats, lookups)
         batch = self.batch(ctx, r)
         if len(rows) != math.ceil(prompt / batch) or max(rows, default=0) > batch:
             problems.append(f"-b {batch}: the prompt of {prompt} tokens was evaluated in {len(rows)} micro-batches "
