@@ -516,7 +516,10 @@ def test_perf_base_paces_a_git_ref_in_a_worktree(tmp_path, tiny_model, built_eng
     assert f"at {sha[:12]}" in b["message"] and "6 process pairs x 8 interleaved decode steps" in b["message"]
     lat = res[f"baseline: p99 inter-token latency vs base {sha}"]
     lp = lat["properties"]
-    assert lat["status"] == "pass" and lp["p99_ratio"] < 1 and lp["base_p99_ms"] > 20 and lp["steps_per_side"] == 48
+    # the base sleeps 20 ms a step; the median shows it, a p99 of 48 steps is one step and may
+    # be the head's at a load spike (CI ran it at 1.36 beside the parallel suite)
+    assert lat["status"] == "pass" and lp["head_p50_ms"] < lp["base_p50_ms"] and lp["base_p50_ms"] > 20
+    assert lp["steps_per_side"] == 48 and lp["p99_ratio"] > 0
     assert "p50/p95/p99" in lat["message"]
     assert _git(tmp_path / "repo", "worktree", "list").count("\n") == 0       # the worktree is gone
     assert res["baseline: counters"]["status"] == "skip"        # no golden for this profile: visible skips
