@@ -14,7 +14,7 @@ import sys
 import time
 
 from .contract_info import contract_info
-from .dumps import MoEDumpWriter, StateDumpWriter, write_atomic, write_logits
+from .dumps import MoEDumpWriter, PrefetchDumpWriter, StateDumpWriter, write_atomic, write_logits
 from .gguf_model import ModelError
 from .token_file import read_tokens
 
@@ -157,11 +157,15 @@ def run(a: argparse.Namespace) -> int:
         state_dump = StateDumpWriter(os.environ["SDQ_STATE_DUMP"]) if os.environ.get("SDQ_STATE_DUMP") else None
         if state_dump:
             engine.on_state(state_dump.write)
+        prefetch_dump = None
+        if os.environ.get("SDQ_PREFETCH_DUMP") and engine.options.pager:
+            prefetch_dump = PrefetchDumpWriter(os.environ["SDQ_PREFETCH_DUMP"])
+            engine.experts.on_prediction = prefetch_dump.write
         try:
             logits = teacher_forced(engine, a.tokens_in) if a.tokens_in else generated(engine, a, pacer)
         except ValueError as e:
             raise ModelError(str(e)) from None
-        for d in (dump, state_dump):
+        for d in (dump, state_dump, prefetch_dump):
             if d:
                 d.close()
         if a.dump_logits:

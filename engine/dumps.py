@@ -1,5 +1,5 @@
-"""Binary outputs of the contract (docs/engine-contract.md): logits, MoE dumps and
-delta-net state dumps.
+"""Binary outputs of the contract (docs/engine-contract.md): logits, MoE dumps, prefetch
+dumps and delta-net state dumps.
 
 All little-endian. Files are written to a temp name and renamed, so a reader never sees
 half a file from a crashed run.
@@ -21,6 +21,8 @@ MOE_DUMP_VERSION = 1          # routed experts only
 MOE_DUMP_VERSION_SHARED = 2   # + the gated shared expert's output (qwen35moe)
 STATE_DUMP_MAGIC = b"EPMR"
 STATE_DUMP_VERSION = 1
+PREFETCH_DUMP_MAGIC = b"EPMP"
+PREFETCH_DUMP_VERSION = 1
 
 def write_atomic(path: str | os.PathLike, data: bytes) -> None:
     path = Path(path)
@@ -88,3 +90,24 @@ class StateDumpWriter(LayerFiles):
                                                                    t.n_rows, c, w, v, ds)
                                  + np.ascontiguousarray(t.conv, dtype="<f4").tobytes()
                                  + np.ascontiguousarray(t.ssm, dtype="<f4").tobytes())
+
+
+class PrefetchDumpWriter:
+    """SDQ_PREFETCH_DUMP=PATH: one record per layer-ahead prediction, in the order they are
+    made: the layer it was made at, the layer it predicts, the hidden state it was made from
+    and each row's top-k. Written as PATH.tmp and renamed on close."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.f = open(f"{path}.tmp", "wb")
+
+    def write(self, t) -> None:
+        n, e = t.x.shape
+        self.f.write(PREFETCH_DUMP_MAGIC + struct.pack("<6I", PREFETCH_DUMP_VERSION, t.layer, t.target, n, e,
+                                                       t.selected.shape[1])
+                     + np.ascontiguousarray(t.x, dtype="<f4").tobytes()
+                     + np.ascontiguousarray(t.selected, dtype="<i4").tobytes())
+
+    def close(self) -> None:
+        self.f.close()
+        os.replace(f"{self.path}.tmp", self.path)

@@ -27,6 +27,16 @@ class Qwen35Trace(MoETrace):
 
 
 @dataclass
+class PredictionTrace:
+    """A layer-ahead prediction: made at the start of `layer` for `target`, from the hidden
+    state `x` (the layer's input rows), and the experts it selected per row."""
+    layer: int
+    target: int
+    x: np.ndarray
+    selected: np.ndarray   # (n, k) int32, selection order
+
+
+@dataclass
 class StateTrace:
     """A delta-net layer's state after the last row of a micro-batch (copies)."""
     layer: int

@@ -160,3 +160,42 @@ def test_a_dump_with_fewer_lookups_than_the_counters_fails_closed():
     assert lookup_count_problems(stats, full) == []
     assert len(lookup_count_problems(stats, [])) == 2
     assert "looked up 0" in lookup_count_problems(stats, full[:2])[0]
+
+
+# Cache-policy faults that change no logit: on a model with no golden only the replay of the
+# contract's policy on the run's own routing and predictions can see them (check/cache_check.py).
+POLICY_FAULTS = {
+    "LRU order not updated on a hit": ("""
+        import engine.paging.cache_policy as C
+        C.CachePolicy.touch = lambda self, key: None
+    """, "counters are not what the contract's cache policy gives"),
+    "a full prefetch queue silently drops a waiting prediction": ("""
+        import engine.paging.prefetch as PF
+        good = PF.PrefetchQueue.pump
+        def pump(self, n_outstanding, issue):
+            if self.pending and n_outstanding() >= self.cap:
+                key, _ = self.pending.popleft()
+                self._pending_keys.discard(key)
+                self._waited.discard(key)
+            return good(self, n_outstanding, issue)
+        PF.PrefetchQueue.pump = pump
+    """, "counters are not what the contract's cache policy gives"),
+    "predictions made with the current layer's router": ("""
+        import engine.paging.prefetch as PF
+        good = PF.Predictor.predict
+        PF.Predictor.predict = lambda self, layer, x: good(self, max(layer - 1, 0), x)
+    """, "router's top-1 on the hidden state it was made from"),
+}
+
+
+@pytest.mark.usefixtures("built_engine")
+@pytest.mark.parametrize("fault", list(POLICY_FAULTS))
+def test_a_cache_policy_fault_is_caught_without_golden(tmp_path, fault):
+    """On a 3-layer top-1 model of 64 experts (no golden baseline), each fault fails the
+    prefetch-stress runs and the prefetching switch runs by their counters or predictions."""
+    patch, says = POLICY_FAULTS[fault]
+    rc, rep = run_check(tmp_path, shape_model(31), broken_engine(tmp_path, patch), "--suites",
+                        "prefetch-stress,switches", "--set", "switches.runs=[default, 'far layer-ahead, small queue']")
+    failed = [r for s in ("prefetch-stress", "switches") for r in results(rep, s) if r["status"] == "fail"]
+    assert rc == 1 and any(says in r["message"] for r in failed), [(r["name"], r["message"][:300]) for r in failed]
+    assert not [r for s in rep["suites"] for r in s["results"] if r["status"] == "error"]

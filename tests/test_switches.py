@@ -5,16 +5,21 @@ fault lives on one configuration branch fail there, pointing at it."""
 from __future__ import annotations
 
 import re
+import struct
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from epmci.check.routing import dumped_predictions
 from epmci.check.suites.switches import CHECKED_IN_SIMULATION, EVIDENCE, NO_EVENT, RUNS
-from epmci.contract.cache_model import CacheModel, Lookup
+from epmci.contract.cache_model import CacheModel, Lookup, Prefetch
+from epmci.contract.outputs import ContractError
+from epmci.gguf.facts import ModelFacts
 from faults import broken_engine, results, run_check, statuses
 
 REPO = Path(__file__).resolve().parent.parent
-ALWAYS_SET = {"SDQ_MOE_DUMP"}        # every switches run dumps its MoE (the suite's instrument)
+ALWAYS_SET = {"SDQ_MOE_DUMP", "SDQ_PREFETCH_DUMP"}   # every switches run dumps its MoE and predictions
 INSTRUMENTS = {"SDQ_STATE_DUMP"}     # the model suite's (delta-net states): a dump, no data path
 
 
@@ -53,6 +58,10 @@ def test_every_documented_switch_has_its_branch_evidence():
         assert re.search(rf"^\| [^|]*\b{ev.event}\b[^|]*\| branch event", stats, re.M), (switch, ev.event)
 
 
+def _some(c, keys=("hits", "misses", "evictions", "ssd_bytes")) -> dict:
+    return {k: v for k, v in c.as_dict().items() if k in keys}
+
+
 def test_the_cache_model_on_a_hand_made_trace():
     """One class of 3 slots, need 2: LRU, admission on the 2nd lookup, a pin that is a hit
     from its first lookup."""
@@ -60,13 +69,34 @@ def test_the_cache_model_on_a_hand_made_trace():
     trace = [Lookup("prefill", 0, [1, 2]), Lookup("prefill", 0, [3, 1]), Lookup("decode", 0, [4]),
              Lookup("decode", 0, [2])]
     got = m.run(trace)
-    assert got["prefill"].as_dict() == {"hits": 1, "misses": 3, "evictions": 0, "ssd_bytes": 300}
+    assert _some(got["prefill"]) == {"hits": 1, "misses": 3, "evictions": 0, "ssd_bytes": 300}
     # [4] evicts the LRU entry (2), so [2] misses and evicts 3
-    assert got["decode"].as_dict() == {"hits": 0, "misses": 2, "evictions": 2, "ssd_bytes": 200}
+    assert _some(got["decode"]) == {"hits": 0, "misses": 2, "evictions": 2, "ssd_bytes": 200}
     admit = CacheModel([0, 3], [1], [100], need=2, admit_min_hits=2).run(trace)
-    assert admit["prefill"].as_dict() == {"hits": 0, "misses": 4, "evictions": 0, "ssd_bytes": 400}
+    assert _some(admit["prefill"]) == {"hits": 0, "misses": 4, "evictions": 0, "ssd_bytes": 400}
+    assert admit["prefill"].transient_reads == 3        # expert 1 is admitted at its 2nd lookup
     pinned = CacheModel([0, 3], [1], [100], need=2, pins=[(0, 4), (0, 2)]).run(trace)   # one fits
-    assert pinned["decode"].hits == 1 and pinned["decode"].misses == 1
+    assert pinned["decode"].hits == 1 and pinned["decode"].misses == 1 and pinned["decode"].pinned_hits == 1
+
+
+def test_the_cache_model_with_prefetch_on_a_hand_made_trace():
+    """Two layers, 4 slots, layer-ahead 1, a queue of 1, stale after 0 tokens: the second
+    prediction waits and is dropped at its layer's lookup; a prefetch evicts only an entry
+    of another layer; an unconsumed prefetch goes stale at the micro-batch's end."""
+    m = CacheModel([0, 4], [1, 1], [100, 100], need=2, prefetch=Prefetch(1, 1, 0))
+    trace = [Lookup("prefill", 0, [1, 2], 0), Lookup("prefill", 1, [5, 7], 0),
+             Lookup("decode", 0, [1], 1), Lookup("decode", 1, [6], 1),
+             Lookup("decode", 0, [1], 2), Lookup("decode", 1, [7], 2)]
+    predicted = {(0, 0): [(1, 5), (1, 6)], (1, 0): [(1, 6)], (2, 0): [(1, 8)]}
+    got = m.run(trace, predicted)
+    assert got["prefill"].as_dict() == {
+        "hits": 1, "misses": 3, "evictions": 0, "ssd_bytes": 400, "prefetch_issued": 1, "prefetch_used": 1,
+        "transient_reads": 0, "pinned_hits": 0, "prefetch_predictions": 1, "prefetch_layers_ahead": 1,
+        "prefetch_queued": 1, "prefetch_late": 0, "prefetch_dropped": 1, "prefetch_stale": 0}
+    assert got["decode"].as_dict() == {
+        "hits": 3, "misses": 1, "evictions": 3, "ssd_bytes": 300, "prefetch_issued": 2, "prefetch_used": 1,
+        "transient_reads": 0, "pinned_hits": 0, "prefetch_predictions": 2, "prefetch_layers_ahead": 2,
+        "prefetch_queued": 0, "prefetch_late": 0, "prefetch_dropped": 0, "prefetch_stale": 1}
 
 
 @pytest.mark.usefixtures("built_engine")
@@ -74,8 +104,12 @@ def test_the_bundled_engine_passes_every_switch(tmp_path, tiny_model):
     rc, rep = run_check(tmp_path, tiny_model, None, "--suites", "switches", "--no-build")
     assert rc == 0, [r["message"] for r in results(rep, "switches") if r["status"] != "pass"]
     assert set(statuses(rep, "switches")) == {r.name for r in RUNS}
-    sim = [r for r in results(rep, "switches") if r["properties"]["expect"] == "simulated"]
-    assert len(sim) >= 3 and all("= the cache policy on the dumped routing" in r["message"] for r in sim)
+    # every run's counters are replayed: without prefetch on the routing, with it on the
+    # predictions too, each checked against the reference's router
+    oracle = {r["name"]: r["properties"]["counters_oracle"] for r in results(rep, "switches")}
+    assert all(o.startswith("the contract's cache policy on its routing") for o in oracle.values()), oracle
+    assert oracle["default"].endswith("and predictions") and oracle["admit=2, -b 1"].endswith("routing")
+    assert all(r["properties"].get("predictions_checked", 1) > 0 for r in results(rep, "switches"))
     events = {r["name"]: r["properties"]["branch_events"] for r in results(rep, "switches")}
     assert events["admit=2, -b 1"]["transient_reads"] > 0 and events["default"]["transient_reads"] == 0
     assert events["far layer-ahead, small queue"]["prefetch_late"] > 0 and events["default"]["prefetch_late"] == 0
@@ -196,3 +230,33 @@ def test_a_fault_on_one_branch_fails_that_run(tmp_path, tiny_model, fault):
     st = statuses(rep, "switches")
     assert rc == 1 and st == {r: "fail" if r in failing else "pass" for r in runs}, st
     assert any(says in r["message"] for r in results(rep, "switches") if r["name"] in failing)
+
+
+def _prediction_record(layer: int, target: int, rows: int, n_embd: int, sel: list[list[int]]) -> bytes:
+    x = np.arange(rows * n_embd, dtype="<f4").tobytes()
+    return b"EPMP" + struct.pack("<6I", 1, layer, target, rows, n_embd, len(sel[0])) + x + \
+        np.asarray(sel, dtype="<i4").tobytes()
+
+
+def test_a_prefetch_dump_that_does_not_fit_the_run_fails_closed(tmp_path):
+    """The replay rests on the run's predictions: a truncated dump, one missing a prediction
+    or with one at the wrong layer start is a ContractError naming it, never a replay of
+    fewer predictions."""
+    f = ModelFacts(n_layer=2, n_expert=8, n_expert_used=1, n_embd=4, types=[], expert_bytes=[1, 1], slot_bytes=[1, 1])
+    lookups = [Lookup("prefill", 0, [1], 0, 2), Lookup("prefill", 1, [2], 0, 2), Lookup("decode", 0, [3], 1, 1),
+               Lookup("decode", 1, [4], 1, 1)]
+    first, second = _prediction_record(0, 1, 2, 4, [[2], [5]]), _prediction_record(0, 1, 1, 4, [[4]])
+    good = first + second
+    p = tmp_path / "prefetch.dump"
+    p.write_bytes(good)
+    preds, placed = dumped_predictions(p, f, lookups, 1)
+    assert placed == {(0, 0): [(1, 2), (1, 5)], (1, 0): [(1, 4)]} and preds[0].x.shape == (2, 4)
+    for data, says in ((good[:-3], "truncated"), (first + second[:9], "truncated record header"),
+                       (first, "1 predictions, but the run started 2"),
+                       (good + _prediction_record(1, 2, 1, 4, [[1]]), "target 2"),
+                       (_prediction_record(1, 1, 2, 4, [[2], [5]]) + second, "made at layer 1")):
+        p.write_bytes(data)
+        with pytest.raises(ContractError, match=says):
+            dumped_predictions(p, f, lookups, 1)
+    p.write_bytes(b"")                               # no prefetch: none made, and none owed
+    assert dumped_predictions(p, f, lookups, 2) == ([], {})

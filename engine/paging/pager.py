@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
 from ..gguf_model import GGUFModel, ModelError
+from ..traces import PredictionTrace
 from . import budget
 from .arena import ALIGN, Arena, MiB, layer_layouts, plan_slots
 from .cache_policy import CachePolicy, Decision, Key
@@ -123,6 +124,7 @@ class Pager:
         self.predictions = self.layers_ahead = self.prefetch_stale = 0
         self.profile: Counter[Key] = Counter()
         self.trace: list[tuple[int, list[int]]] | None = None   # set to [] to record lookups
+        self.on_prediction: Callable[[PredictionTrace], None] | None = None   # SDQ_PREFETCH_DUMP
         self.read_log: list[tuple[str, Key]] | None = None      # set to [] to record reads
         self._started = False
         self._closed = False
@@ -214,7 +216,10 @@ class Pager:
         target = il + self.cfg.prefetch_layer_ahead
         protect: set[Key] = set()
         if target < self.gm.hp.n_layer:
-            keys = [(target, e) for e in self.predictor.predict(target, x)]
+            sel = self.predictor.predict(target, x)
+            if self.on_prediction is not None:
+                self.on_prediction(PredictionTrace(il, target, x, sel))
+            keys = [(target, e) for e in dict.fromkeys(sel.ravel().tolist())]
             self.predictions += 1
             self.layers_ahead += target - il
             new = []

@@ -40,13 +40,13 @@ class Predictor:
         self.gm = gm
         self.k, self.eps = gm.hp.n_expert_used, gm.hp.rms_eps
 
-    def predict(self, layer: int, x: np.ndarray) -> list[int]:
+    def predict(self, layer: int, x: np.ndarray) -> np.ndarray:
+        """(rows, k) int32: each row's top-k experts of `layer`'s router, selection order."""
         norm = self.gm.tensor(self.gm.ffn_norm_name(layer)).data
         h = ops.rms_norm(np.ascontiguousarray(x, dtype=np.float32), norm, self.eps)
         router = self.gm.layer(layer, "ffn_gate_inp")
         logits = K.matmul(router.data, router.qtype, h)
-        sel = np.argsort(-logits, axis=-1, kind="stable")[:, :self.k]
-        return list(dict.fromkeys(sel.ravel().tolist()))
+        return np.argsort(-logits, axis=-1, kind="stable")[:, :self.k].astype(np.int32)
 
 
 class PrefetchQueue:

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 
 from ..compare.routing import RoutingAgreement, routing_agreement
-from ..contract.cache_model import Lookup
-from ..contract.outputs import ContractError, read_moe_dump, read_routing
+from ..contract.cache_model import Key, Lookup
+from ..contract.outputs import ContractError, Prediction, read_moe_dump, read_prefetch_dump, read_routing
 from ..gguf.facts import ModelFacts
 from ..gguf.file import ModelFile
 from ..reference.moe import route, router_logits
@@ -58,10 +58,36 @@ def dumped_lookups(facts: ModelFacts, dump_prefix: Path, prompt: int) -> tuple[l
     lookups, rows, done = [], [], 0
     for m in range(n):
         phase = "prefill" if done < prompt else "decode"
+        n_rows = len(recs[0][m].h)
         if phase == "prefill":
-            rows.append(len(recs[0][m].h))
-        done += len(recs[0][m].h)
+            rows.append(n_rows)
+        done += n_rows
         for il in range(facts.n_layer):
             experts = list(dict.fromkeys(int(e) for e in recs[il][m].selected.ravel()))
-            lookups.append(Lookup(phase, il, experts))
+            lookups.append(Lookup(phase, il, experts, m, n_rows))
     return lookups, rows
+
+
+def dumped_predictions(path: Path, facts: ModelFacts, lookups: list[Lookup], layer_ahead: int
+                       ) -> tuple[list[Prediction], dict[tuple[int, int], list[Key]]]:
+    """The run's predictions (SDQ_PREFETCH_DUMP), and each one's place: (micro-batch, layer)
+    -> the keys predicted at that layer's start. The contract makes one at every layer start
+    whose layer + `layer_ahead` is a layer, for the micro-batch's rows; a dump with others,
+    or in another order, is a ContractError naming the first that does not fit."""
+    preds = read_prefetch_dump(path, facts.n_layer, facts.n_embd, facts.n_expert_used)
+    starts = [lk for lk in lookups if lk.layer + layer_ahead < facts.n_layer]
+    placed = {}
+    for i, lk in enumerate(starts):
+        if i >= len(preds):
+            raise ContractError(path, f"{len(preds)} predictions, but the run started {len(starts)} layers "
+                                      f"that predict (layer + {layer_ahead} < {facts.n_layer} layers)")
+        p = preds[i]
+        if (p.layer, p.target, len(p.x)) != (lk.layer, lk.layer + layer_ahead, lk.rows):
+            raise ContractError(path, f"prediction {i}: made at layer {p.layer} for layer {p.target} on {len(p.x)} "
+                                      f"rows; in run order it is the start of layer {lk.layer} of micro-batch "
+                                      f"{lk.batch} ({lk.rows} rows), predicting layer {lk.layer + layer_ahead}")
+        placed[(lk.batch, lk.layer)] = p.keys()
+    if len(preds) > len(starts):
+        raise ContractError(path, f"{len(preds)} predictions, but the run started only {len(starts)} layers "
+                                  f"that predict")
+    return preds, placed

@@ -24,6 +24,7 @@ FEATURES = {
              "--no-pager for the resident side of the A/B",
     "selftest": "--selftest L:E:N:OUT (needs the pager)",
     "moe_dump": "SDQ_MOE_DUMP=PREFIX",
+    "prefetch_dump": "SDQ_PREFETCH_DUMP=PATH (every layer-ahead prediction, needs the pager)",
     "state_dump": "SDQ_STATE_DUMP=PREFIX (the delta-net states of a qwen35moe model)",
     "profile": "--profile-out PATH and SDQ_PROFILE_IN hot pins (needs the pager)",
     "pacing": "--pace-fds R,W",

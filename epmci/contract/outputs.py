@@ -1,5 +1,5 @@
 """Readers of what an engine writes under docs/engine-contract.md: logits, MoE dumps,
-delta-net state dumps, selftest files, stats JSONL and SLOT-ERROR lines.
+prefetch dumps, delta-net state dumps, selftest files, stats JSONL and SLOT-ERROR lines.
 
 Every reader validates sizes and headers and raises ContractError with the file and what is
 wrong; a check turns that into a failure ("unparsable output"), never a pass.
@@ -18,6 +18,7 @@ import numpy as np
 MOE_DUMP_MAGIC = b"EPMD"
 SELFTEST_MAGIC = b"EPMS"
 STATE_DUMP_MAGIC = b"EPMR"
+PREFETCH_DUMP_MAGIC = b"EPMP"
 VERSION = 1
 MOE_DUMP_VERSION_SHARED = 2   # MoE dump records that carry the shared expert's output
 SLOT_ERROR_PREFIX = "[epm] SLOT-ERROR"
@@ -105,6 +106,15 @@ class MoEDump:
                          cat("shared") if self.records[0].shared is not None else None)
 
 
+def _record_header(b: bytes, pos: int, path, magic: bytes, n: int) -> tuple[int, ...]:
+    """The n uint32 after a dump record's magic at byte pos."""
+    if len(b) - pos < 4 + 4 * n:
+        raise ContractError(path, f"truncated record header at byte {pos}")
+    if b[pos:pos + 4] != magic:
+        raise ContractError(path, f"bad magic {b[pos:pos + 4]!r} at byte {pos} (expected {magic!r})")
+    return struct.unpack_from(f"<{n}I", b, pos + 4)
+
+
 def read_moe_dump(path: str | os.PathLike, layer: int | None = None,
                   n_embd: int | None = None, k: int | None = None) -> MoEDump:
     """PREFIX.L: a sequence of records (see the contract), version 1 (routed experts) or 2
@@ -114,11 +124,7 @@ def read_moe_dump(path: str | os.PathLike, layer: int | None = None,
     recs: list[MoERecord] = []
     pos, hdr = 0, 4 + 5 * 4
     while pos < len(b):
-        if len(b) - pos < hdr:
-            raise ContractError(path, f"truncated record header at byte {pos}")
-        if b[pos:pos + 4] != MOE_DUMP_MAGIC:
-            raise ContractError(path, f"bad magic {b[pos:pos + 4]!r} at byte {pos} (expected {MOE_DUMP_MAGIC!r})")
-        version, lay, n, e, kk = struct.unpack_from("<5I", b, pos + 4)
+        version, lay, n, e, kk = _record_header(b, pos, path, MOE_DUMP_MAGIC, 5)
         if version not in (VERSION, MOE_DUMP_VERSION_SHARED):
             raise ContractError(path, f"record at byte {pos}: version {version}, expected "
                                       f"{VERSION} or {MOE_DUMP_VERSION_SHARED}")
@@ -148,6 +154,42 @@ def read_moe_dump(path: str | os.PathLike, layer: int | None = None,
     if not recs:
         raise ContractError(path, "empty dump (no records)")
     return MoEDump(recs[0].layer, recs)
+
+
+@dataclass
+class Prediction:
+    layer: int             # made at the start of this layer
+    target: int            # for this layer's lookup
+    x: np.ndarray          # (n_rows, n_embd) float32: the hidden state it was made from
+    selected: np.ndarray   # (n_rows, k) int32: each row's top-k of target's router, selection order
+
+    def keys(self) -> list[tuple[int, int]]:
+        """The (layer, expert) pairs predicted, distinct, in first-use order."""
+        return [(self.target, int(e)) for e in dict.fromkeys(self.selected.ravel().tolist())]
+
+
+def read_prefetch_dump(path: str | os.PathLike, n_layer: int, n_embd: int, k: int) -> list[Prediction]:
+    """SDQ_PREFETCH_DUMP=PATH: one record per prediction, in the order made (none: an empty
+    file). Every header checked against the model."""
+    b = _read(path)
+    out: list[Prediction] = []
+    pos, hdr = 0, 4 + 6 * 4
+    while pos < len(b):
+        version, lay, target, n, e, kk = _record_header(b, pos, path, PREFETCH_DUMP_MAGIC, 6)
+        if version != VERSION:
+            raise ContractError(path, f"record at byte {pos}: version {version}, expected {VERSION}")
+        if not (lay <= target < n_layer) or n == 0 or e != n_embd or kk != k:
+            raise ContractError(path, f"record at byte {pos}: layer {lay}, target {target}, {n} rows, n_embd {e}, "
+                                      f"k {kk} (the model: {n_layer} layers, n_embd {n_embd}, k {k})")
+        size = 4 * (n * e + n * kk)
+        if len(b) - pos - hdr < size:
+            raise ContractError(path, f"record at byte {pos}: truncated ({len(b) - pos - hdr} of {size} bytes)")
+        a = pos + hdr
+        x = np.frombuffer(b, "<f4", n * e, a).reshape(n, e)
+        sel = np.frombuffer(b, "<i4", n * kk, a + 4 * n * e).reshape(n, kk)
+        out.append(Prediction(lay, target, x, sel))
+        pos = a + size
+    return out
 
 
 def read_routing(prefix: str | os.PathLike, n_layer: int, n_embd: int, k: int) -> list[np.ndarray]:

@@ -48,6 +48,7 @@ MoEHook = Callable[[int, np.ndarray], None]
 
 class ReferenceModel:
     square = np.float64   # RMSNorm squares in double, as the bundled qwen3moe engine (ops.rms_norm)
+    moe_norm = "ffn_norm.weight"   # the norm of a layer's MoE input
 
     def __init__(self, mf: ModelFile):
         self.mf = mf
@@ -58,6 +59,11 @@ class ReferenceModel:
 
     def _f32(self, name: str) -> np.ndarray:
         return weights_f32(self.mf, name)
+
+    def moe_input(self, il: int, x: np.ndarray) -> np.ndarray:
+        """Layer il's MoE input from the residual stream x: RMS-normed, times its norm weight
+        (also what a layer-ahead prediction routes, with the predicted layer's norm)."""
+        return (rms_norm(x, self.hp.rms_eps, self.square) * self._f32(f"blk.{il}.{self.moe_norm}")).astype(np.float32)
 
     def embed(self, tokens: np.ndarray) -> np.ndarray:
         t = self.mf.tensor("token_embd.weight")
@@ -88,7 +94,7 @@ class ReferenceModel:
             a = self._mm(b + "attn_output.weight", attention(q, k, v))
             x = (x + a).astype(np.float32)
 
-            h = (rms_norm(x, hp.rms_eps, sq) * self._f32(b + "ffn_norm.weight")).astype(np.float32)
+            h = self.moe_input(il, x)
             if moe_hook is not None:
                 moe_hook(il, h)
             moe = moe_layer(self.mf, il, h)

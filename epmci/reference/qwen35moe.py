@@ -37,6 +37,7 @@ from .ops import attention, rms_norm, rope_neox, sigmoid
 
 class Qwen35Model(ReferenceModel):
     square = np.float32   # RMSNorm as ggml: float32 squares
+    moe_norm = "post_attention_norm.weight"
 
     def gated_attention(self, il: int, h: np.ndarray, pos: np.ndarray) -> np.ndarray:
         hp, b = self.hp, f"blk.{il}."
@@ -76,7 +77,7 @@ class Qwen35Model(ReferenceModel):
                 a = self.gated_attention(il, h, pos)
             x = (a + x).astype(np.float32)
 
-            u = (rms_norm(x, hp.rms_eps) * self._f32(b + "post_attention_norm.weight")).astype(np.float32)
+            u = self.moe_input(il, x)
             if moe_hook is not None:
                 moe_hook(il, u)
             moe = moe_layer(self.mf, il, u)

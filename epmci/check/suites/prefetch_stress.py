@@ -2,9 +2,10 @@
 one token, layer-ahead prediction (as far as the model has layers: check/plan.py), and an
 arena just above the minimum so experts are evicted as often as the routing allows; in both
 slot layouts (mixed sizes, and SDQ_FORCE_UNIFORM_SLOT=1). The MoE dumps are checked against
-the reference as in the layer suite, and the evictions against the fewest any policy needs
-on the run's own routing with these slots (Belady's MIN, contract/cache_model.py): an
-engine that reports fewer, or overfills its arena, fails on any model.
+the reference as in the layer suite, the predictions against the reference's router, and
+every exact counter against the contract's cache policy replayed on the run's own routing
+and predictions (check/cache_check.py; without a prefetch dump, the evictions against the
+fewest any policy needs, Belady's MIN): a cache or queue fault fails on any model.
 
 Catches what the demand path cannot: a prefetch into a slot of the wrong size (it overwrites
 the neighbouring slot), a slot computed on before its read completed, a prefetched expert
@@ -15,13 +16,12 @@ not depend on any other run.
 
 from __future__ import annotations
 
-from ...contract.cache_model import fewest_loads
-from ...contract.outputs import ContractError, prompt_tokens, stats_total
+from ...contract.outputs import ContractError, stats_total
 from ...contract.runspec import STATS_FILE
 from ...units import MiB
 from ..context import CheckContext
 from ..result import FAIL, PASS, CheckResult
-from ..routing import dumped_lookups, lookup_count_problems
+from ..cache_check import CacheSetup, counter_problems, prefetch_env
 from .base import Task, run_failed
 from .layer import check_layers, dump_results, evaluated_rows
 
@@ -54,7 +54,7 @@ class PrefetchStressSuite:
         env = {"SDQ_MOE_DUMP": str(out / "moe"), "SDQ_PREFETCH": "1",
                "SDQ_PREFETCH_LAYER_AHEAD": str(ctx.plan.stress_layer_ahead), "SDQ_PREFETCH_QUEUE": str(s.queue),
                "SDQ_PREFETCH_STALE_TOKENS": str(s.stale_tokens),
-               "SDQ_FORCE_UNIFORM_SLOT": "1" if uniform else "0"}
+               "SDQ_FORCE_UNIFORM_SLOT": "1" if uniform else "0", **prefetch_env(ctx, out)}
         run = ctx.run(f"prefetch-stress {layout}", spec, out, env=env)
         if not run.ok:
             return run_failed(NAME, [run_name, *names.values()], run)
@@ -72,18 +72,11 @@ class PrefetchStressSuite:
                 props[key] = stats_total(stats, key)
             props["n_slots"] = stats[0].get("n_slots")
             props["tokens"] = tokens
-            n_slots = [int(stats[0].get("n_slots_small", 0)), int(stats[0].get("n_slots_large", 0))]
-            lookups, _ = dumped_lookups(ctx.facts, out / "moe", prompt_tokens(stats))
-            problems += lookup_count_problems(stats, lookups)      # the floor rests on the whole routing
-            loads = fewest_loads(lookups, ctx.facts.class_of_layers(uniform), n_slots)
-            props["fewest_evictions"] = least = sum(max(0, n - s) for n, s in zip(loads, n_slots))
-            if props["evictions"] < least:
-                problems.append(f"{props['evictions']} evictions, but no policy serves this run's routing with "
-                                f"{n_slots[0]} small and {n_slots[1]} large slots in fewer than {least}")
+            problems += counter_problems(ctx, out, stats, CacheSetup.of(env, s.batch), props)
             if props["prefetch_issued"] <= 0:
                 problems.append("no prefetch was issued, so the prefetch path was not exercised")
         except ContractError as e:
-            problems.append(f"stats unusable: {e}")
+            problems.append(f"output unusable: {e}")
         rows, err = evaluated_rows(out)
         if err:
             problems.append(f"logits unusable: {err}")
@@ -92,7 +85,7 @@ class PrefetchStressSuite:
                            f"{layout} slots, arena {arena:.2f} MiB: {props.get('evictions')} evictions (at least "
                            f"{props.get('fewest_evictions')}), "
                            f"{props.get('prefetch_issued')} prefetches ({props.get('prefetch_used')} used), "
-                           f"no slot error", props, run.seconds, run.stderr_tail(), details)
+                           f"no slot error; counters checked against {props.get('counters_oracle')}", props, run.seconds, run.stderr_tail(), details)
         extra = {"layout": layout, "arena_mb": round(arena, 6)}
         return [head, *dump_results(ctx, NAME, names, run, out, rows, extra, first_gets_run=False)]
 

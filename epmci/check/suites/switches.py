@@ -10,12 +10,12 @@ every token. Every run is checked four ways:
   it is there for fails instead of passing;
 - correctness: the MoE dumps of the auto layers against the reference (as the layer
   suite), and the logits of every position against one resident (--no-pager) run;
-- the switch's documented effect on the exact counters: without prefetch, hits, misses,
-  evictions and bytes read must be what the contract's cache policy gives on the routing
-  the run dumped (epmci/contract/cache_model.py: LRU per slot class, admission, pins);
-  switches that only change how bytes move (reader threads, serial reads, fadvise) must
-  leave every counter but their own branch events equal to the default run's; with
-  prefetch, the counters' invariants;
+- the switch's documented effect on the exact counters: every exact counter of every
+  phase must be what the contract's cache policy gives on the routing the run dumped and,
+  with prefetch, on the predictions it dumped, each first checked against the reference's
+  router (check/cache_check.py); switches that only change how bytes move (reader threads,
+  serial reads, fadvise) must also leave every counter but their own branch events equal
+  to the default run's;
 - the switch itself took effect where the stats can show it (an arena from SDQ_ARENA_MB,
   exact reads moving no padding, uniform slots, -b's micro-batches, no prefetch issued).
 
@@ -27,22 +27,20 @@ odd micro-batches.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 from ...compare.counters import counter_changes
 from ...compare.logits import compare_logits
-from ...contract.cache_model import CacheModel, Lookup
 from ...contract.outputs import BRANCH_EVENTS, ContractError, counters_of, prompt_tokens, read_logits, read_profile
 from ...contract.runspec import LOGITS_FILE, STATS_FILE
 from ...errors import InputError
 from ...units import arena_mib
+from ..cache_check import CacheSetup, counter_problems, prefetch_env
 from ..capabilities import lacks
 from ..context import CheckContext
 from ..moe_check import check_dump
-from ..routing import dumped_lookups, lookup_count_problems
 from ..plan import CONTRACT_LAYER_AHEAD
 from ..result import FAIL, PASS, SKIP, CheckResult
 from .base import Task, run_failed
@@ -193,7 +191,7 @@ class SwitchesSuite:
         batch = self.batch(ctx, r)
         arena = self._arena_of(ctx, r, batch)
         out = self._dir(ctx, r.name)
-        env = {"SDQ_MOE_DUMP": str(out / "moe")}
+        env = {"SDQ_MOE_DUMP": str(out / "moe"), **prefetch_env(ctx, out)}
         for k, v in self.env(ctx, r).items():
             v = v.replace(ARENA, f"{arena:.6f}")
             if PROFILE in v:
@@ -265,7 +263,7 @@ class SwitchesSuite:
             return result(FAIL, "; ".join(problems))
         c = props.get("decode", {})
         return result(PASS, f"{len(layers)} layers' MoE = reference, logits = resident ({diff.text()}), counters "
-                            f"{'= the cache policy on the dumped routing' if r.expect == 'simulated' else '= the default run' if r.expect == 'like-default' else 'consistent'}"
+                            f"checked against {props.get('counters_oracle')}{' and the default run' if r.expect == 'like-default' else ''}"
                             f" (decode: {c.get('hits')} hits, {c.get('misses')} misses, {c.get('evictions')} evictions)")
 
     @staticmethod
@@ -286,16 +284,14 @@ class SwitchesSuite:
 
     def _counters(self, ctx: CheckContext, r: SwitchRun, out, stats: list[dict], prompt: int,
                   props: dict, skipped: dict[str, str]) -> list[str]:
-        problems = []
         by_phase = {s["phase"]: s for s in stats}
         for ph, s in by_phase.items():
             props[ph] = {k: s.get(k) for k in (*COUNTER_FIELDS, "prefetch_issued", "prefetch_used", "n_slots")}
-        lookups, rows = dumped_lookups(ctx.facts, out / "moe", prompt)
-        problems += lookup_count_problems(stats, lookups)
-        batch = self.batch(ctx, r)
-        if len(rows) != math.ceil(prompt / batch) or max(rows, default=0) > batch:
-            problems.append(f"-b {batch}: the prompt of {prompt} tokens was evaluated in {len(rows)} micro-batches "
-                            f"(largest {max(rows, default=0)} rows), expected {math.ceil(prompt / batch)}")
+        env = self.env(ctx, r)
+        exact_reads = env.get("SDQ_DIRECT_IO") == "0"
+        facts = ctx.facts if not exact_reads else type(ctx.facts).of(ctx.mf, ctx.cfg.run.slot_align, windows=False)
+        setup = CacheSetup.of(env, self.batch(ctx, r), r.prefetch, self._pins(ctx, r))
+        problems = counter_problems(ctx, out, stats, setup, props, facts)
         if r.expect == "like-default":
             default_run, ddir, _ = self._default(ctx)
             if not default_run.ok:
@@ -306,56 +302,27 @@ class SwitchesSuite:
             if changes:
                 problems.append("these switches must not change any counter but their own branch events, but: "
                                 + "; ".join(c.text() for c in changes[:4]))
-        elif r.expect == "simulated":
-            problems += self._simulated(ctx, r, out, stats, lookups, batch)
-        else:
-            issued = sum(s.get("prefetch_issued", 0) for s in stats)
-            used = sum(s.get("prefetch_used", 0) for s in stats)
-            hits = sum(s.get("hits", 0) for s in stats)
-            if issued <= 0 and PREFETCH not in skipped:
+        elif r.expect == "prefetch":
+            if sum(s.get("prefetch_issued", 0) for s in stats) <= 0 and PREFETCH not in skipped:
                 problems.append("no prefetch was issued: the prefetch path of these settings did not run")
-            if used > issued or used > hits:
-                problems.append(f"prefetch_used {used} exceeds prefetch_issued {issued} or hits {hits}")
-        return problems
-
-    def _simulated(self, ctx: CheckContext, r: SwitchRun, out, stats, lookups, batch: int) -> list[str]:
-        f, problems = ctx.facts, []
-        s0 = stats[0]
-        exact_reads = r.env.get("SDQ_DIRECT_IO") == "0"
-        facts = f if not exact_reads else type(f).of(ctx.mf, ctx.cfg.run.slot_align, windows=False)
-        uniform = r.env.get("SDQ_FORCE_UNIFORM_SLOT") == "1" or len(set(facts.slot_bytes)) == 1
-        classes = facts.class_of_layers(uniform)
-        n_slots = [int(s0.get("n_slots_small", 0)), int(s0.get("n_slots_large", 0))]
-        if uniform and n_slots[0] != 0:
-            problems.append(f"uniform slots asked for, but the arena has {n_slots[0]} small slots")
-        pins = []
-        if "SDQ_HOT_PIN" in r.env:
-            _, ddir, _ = self._default(ctx)
-            prof = read_profile(ddir / "routing.profile")
-            pins = [(l, e) for l, e, _ in prof[:ctx.cfg.switches.hot_pin]]
-        model = CacheModel(n_slots, classes, f.expert_bytes, min(f.n_expert, batch * f.n_expert_used),
-                           int(r.env.get("SDQ_ADMIT_MIN_HITS", "1")), pins)
-        want = model.run(lookups)
         for s in stats:
-            got = {k: s.get(k) for k in COUNTER_FIELDS}
-            exp = want.get(s["phase"])
-            exp = exp.as_dict() if exp else {k: 0 for k in COUNTER_FIELDS}
-            bad = [f"{k} {got[k]} (the contract's policy: {exp[k]})" for k in COUNTER_FIELDS if got[k] != exp[k]]
-            if bad:
-                problems.append(f"{s['phase']} counters are not what the contract's cache policy gives on this "
-                                f"run's routing: " + ", ".join(bad))
-            if s.get("prefetch_issued", 0) or s.get("prefetch_used", 0):
-                problems.append(f"{s['phase']}: prefetch is off, but {s.get('prefetch_issued')} prefetches issued")
             if exact_reads and (s.get("io_bytes") != s.get("ssd_bytes") or s.get("io_direct_pct", 0) != 0):
                 problems.append(f"{s['phase']}: SDQ_DIRECT_IO=0 reads exactly the experts' bytes through the page "
                                 f"cache, but io_bytes {s.get('io_bytes')} vs ssd_bytes {s.get('ssd_bytes')}, "
                                 f"io_direct_pct {s.get('io_direct_pct')}")
         if ARENA in r.env.values():
-            asked = self._arena_of(ctx, r, batch)
-            if float(s0.get("arena_mb", 0)) > asked + 1e-3:
+            asked = self._arena_of(ctx, r, setup.batch)
+            if float(stats[0].get("arena_mb", 0)) > asked + 1e-3:
                 problems.append(f"SDQ_ARENA_MB={asked:.6f} must override --arena-mb {2 * asked:.6f}, but the arena "
-                                f"is {s0.get('arena_mb')} MiB")
+                                f"is {stats[0].get('arena_mb')} MiB")
         return problems
+
+    def _pins(self, ctx: CheckContext, r: SwitchRun) -> list:
+        """The hot-pin run's pins: the default run's profile, hottest first."""
+        if "SDQ_HOT_PIN" not in r.env:
+            return []
+        _, ddir, _ = self._default(ctx)
+        return [(l, e) for l, e, _ in read_profile(ddir / "routing.profile")[:ctx.cfg.switches.hot_pin]]
 
     def _arena_of(self, ctx: CheckContext, r: SwitchRun, batch: int) -> float:
         """The minimum arena of the run's batch and layout, margin_experts slots above it per
