@@ -199,7 +199,7 @@ def test_determinism_catches_thread_count_dependent_accumulation(tmp_path, tiny_
     assert rc == 1
     assert set(statuses(rep, "layer").values()) == {"pass"}
     st = statuses(rep, "determinism")
-    assert st == {"page cache dropped": "pass", "threads 1 vs 2": "fail"}, st
+    assert st == {"page cache dropped": "pass", "threads 1 vs 2": "fail", "default settings: counters replayed": "pass"}, st
     msg = results(rep, "determinism")[1]["message"]
     assert "logits not byte-identical with -t 2" in msg
 
@@ -263,3 +263,16 @@ def test_engine_refusing_the_arena_is_reported(tmp_path, tiny_model):
     assert rc == 2 and "the engine refused every run (exit 2)" in rep["tool_error"] and "minimum" in rep["tool_error"]
     (r,) = results(rep, "kernel")
     assert r["status"] == "fail" and "engine refused to run (exit 2)" in r["message"] and "minimum" in r["message"]
+
+
+def test_the_default_settings_counters_are_replayed(tmp_path, tiny_model):
+    """determinism's first run, on the engine's default paging settings and arena, is replayed
+    on the contract's cache policy: an LRU that ignores hits passes every comparison between
+    runs (it is deterministic) and fails the replay."""
+    from test_shapes import POLICY_FAULTS
+    patch, says = POLICY_FAULTS["LRU order not updated on a hit"]
+    rc, rep = run_check(tmp_path, tiny_model, broken_engine(tmp_path, patch), "--suites", "determinism")
+    st = statuses(rep, "determinism")
+    assert rc == 1 and st == {"page cache dropped": "pass", "threads 1 vs 2": "pass",
+                              "default settings: counters replayed": "fail"}, st
+    assert says in results(rep, "determinism")[2]["message"]

@@ -1,7 +1,9 @@
 """Layer 4, determinism: the same prompt run twice with the model's page cache dropped in
 between (posix_fadvise DONTNEED, so the second run reads from disk), and once with another
 thread count. Logits must be byte-identical, generated text equal and every exact counter of
-the stats (hits, misses, evictions, bytes read, prefetch counts, ...) identical.
+the stats (hits, misses, evictions, bytes read, prefetch counts, ...) identical. The first
+run, on the engine's default paging settings and arena, is also replayed on the contract's
+cache policy (check/cache_check.py): every exact counter as the policy gives it.
 
 Catches: accumulation whose order depends on the thread count, results that depend on I/O
 timing (a slot used before its read completed shows up when reads get slow), counters
@@ -18,10 +20,12 @@ from ...contract.outputs import ContractError, counters_of, read_logits
 from ...contract.process import drop_page_cache
 from ...contract.runspec import LOGITS_FILE, STATS_FILE
 from ..context import CheckContext
-from ..result import FAIL, PASS, CheckResult
+from ..cache_check import CacheSetup, counter_problems, prefetch_env
+from ..result import FAIL, PASS, SKIP, CheckResult
 from .base import Task, run_failed
 
 NAME = "determinism"
+REPLAYED = "default settings: counters replayed"
 
 
 class DeterminismSuite:
@@ -31,13 +35,15 @@ class DeterminismSuite:
     requires: tuple[str, ...] = ()
 
     def plan(self, ctx: CheckContext) -> list[Task | CheckResult]:
-        names = ["page cache dropped", f"threads {ctx.threads} vs {ctx.threads_alt}"]
+        names = ["page cache dropped", f"threads {ctx.threads} vs {ctx.threads_alt}", REPLAYED]
         return [Task(NAME, "determinism", lambda: self.check(ctx, names), names=names, cost=3.0)]
 
     def check(self, ctx: CheckContext, names: list[str]) -> list[CheckResult]:
         prompt, n = ctx.cfg.prompts.determinism, ctx.cfg.run.n_predict
         d = {k: ctx.dir(f"determinism-{k}") for k in ("first", "cold", "threads")}
-        first = ctx.run("determinism first", ctx.spec(prompt, n_predict=n), d["first"])
+        replay = ctx.engine.has("pager") and ctx.engine.has("moe_dump")
+        env = {"SDQ_MOE_DUMP": str(d["first"] / "moe"), **prefetch_env(ctx, d["first"])} if replay else {}
+        first = ctx.run("determinism first", ctx.spec(prompt, n_predict=n), d["first"], env=env)
         if not first.ok:
             return run_failed(NAME, names, first, "first run: ")
         dropped = drop_page_cache(ctx.model_path)
@@ -52,7 +58,27 @@ class DeterminismSuite:
             results.append(self.compare(ctx, name, first, run, d["first"], d[key], what, not results,
                                         {"page_cache_dropped": dropped} if key == "cold" else
                                         {"threads": ctx.threads, "threads_other": ctx.threads_alt}))
-        return results
+        return results + [self.replayed(ctx, first, d["first"], replay)]
+
+    @staticmethod
+    def replayed(ctx: CheckContext, run, out, replay: bool) -> CheckResult:
+        """The first run -- the engine's default paging settings and arena -- replayed on the
+        contract's cache policy (check/cache_check.py)."""
+        if not replay:
+            return CheckResult(NAME, REPLAYED, SKIP, f"engine lacks {'pager' if not ctx.engine.has('pager') else 'moe_dump'}"
+                               f": no routing to replay", {"skipped_by": "engine"})
+        t0 = time.perf_counter()
+        props: dict = {}
+        try:
+            stats = ctx.stats(out / STATS_FILE)
+            problems = counter_problems(ctx, out, stats, CacheSetup.of({}, ctx.cfg.run.batch), props)
+        except ContractError as e:
+            problems = [f"output unusable: {e}"]
+        secs = time.perf_counter() - t0
+        if problems:
+            return CheckResult(NAME, REPLAYED, FAIL, "; ".join(problems), props, secs, run.stderr_tail())
+        return CheckResult(NAME, REPLAYED, PASS, f"the default settings' counters checked against "
+                                                 f"{props['counters_oracle']}", props, secs)
 
     def compare(self, ctx, name, a, b, da, db, what, count_first, props) -> CheckResult:
         t0 = time.perf_counter()
