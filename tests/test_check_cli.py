@@ -190,6 +190,10 @@ def test_bad_config_is_exit_2(tmp_path, capsys):
     assert epmci_main(["check", "--config", str(cfg)]) == 2
     assert "engine.timeout_s must be a number of seconds > 0 or auto, got 'soon'" in capsys.readouterr().err
     assert epmci_main(["check", "--set", "layer.layers=[0, x]"]) == 2
+    for bad in ("[1]", "[]", "[2, 0]", "often"):              # 1 is engine.threads: nothing to compare
+        capsys.readouterr()
+        assert epmci_main(["check", "--set", f"determinism.threads_alt={bad}"]) == 2
+        assert "determinism.threads_alt must be 'auto'" in capsys.readouterr().err
     assert epmci_main(["check", "--suites", "kernel,nosuch"]) == 2
     assert epmci_main(["check", "--layers", "0,one"]) == 2
     assert epmci_main(["check", "--config", str(tmp_path / "missing.yaml")]) == 2

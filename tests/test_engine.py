@@ -79,10 +79,12 @@ def read_logits(path):
 
 
 def test_cli_threads_kernels_and_runs_give_byte_identical_logits(ci_model, tmp_path):
-    """Runs, thread counts and kernel paths (the portable fallback forced by --kernels or
-    EPM_KERNELS, and auto: the fastest this CPU runs) give the same bytes."""
+    """Runs, thread counts (more than the CPUs too) and kernel paths (the portable fallback
+    forced by --kernels or EPM_KERNELS, and auto: the fastest this CPU runs) give the same bytes."""
     outs = []
-    for i, (t, kernels) in enumerate(((1, "auto"), (2, "auto"), (2, "auto"), (1, "portable"), (2, "env"))):
+    more = (os.cpu_count() or 1) + 1           # more threads than CPUs: the contract takes any -t
+    for i, (t, kernels) in enumerate(((1, "auto"), (2, "auto"), (2, "auto"), (1, "portable"), (2, "env"),
+                                      (more, "auto"))):
         out = tmp_path / f"l{i}.bin"
         extra = [] if kernels == "env" else ["--kernels", kernels]
         r = subprocess.run([sys.executable, "-m", "engine", "-m", str(ci_model), "-p", "The capital of France is",

@@ -74,6 +74,19 @@ def test_the_plan_says_what_it_changed_and_why():
     assert top1.small_queue == 1       # a micro-batch predicts at most 2 experts: the queue must be smaller
 
 
+def test_the_plan_compares_an_uneven_thread_count_and_the_runners_cpus():
+    """-t 1 against 2, 3 (an odd count splits power-of-two sizes unevenly) and the CPUs a
+    production run would use; a count the user names replaces them."""
+    assert CheckPlan.of(CheckConfig(), facts(), 2, None, cpus=2).other_threads == (2, 3)
+    assert CheckPlan.of(CheckConfig(), facts(), 2, None, cpus=16).other_threads == (2, 3, 16)
+    cfg = CheckConfig()
+    cfg.engine.threads, cfg.determinism.threads_alt = 4, "auto"
+    assert CheckPlan.of(cfg, facts(), 2, None, cpus=4).other_threads == (1, 2, 3)
+    cfg.determinism.threads_alt = [5]
+    plan = CheckPlan.of(cfg, facts(), 2, None, cpus=4)
+    assert plan.other_threads == (5,) and "determinism also at -t 5" in plan.text()
+
+
 @pytest.mark.usefixtures("built_engine")
 @pytest.mark.parametrize("seed", list(SHAPES))
 def test_the_correct_engine_passes_every_shape(tmp_path, seed):
@@ -199,3 +212,32 @@ def test_a_cache_policy_fault_is_caught_without_golden(tmp_path, fault):
     failed = [r for s in ("prefetch-stress", "switches") for r in results(rep, s) if r["status"] == "fail"]
     assert rc == 1 and any(says in r["message"] for r in failed), [(r["name"], r["message"][:300]) for r in failed]
     assert not [r for s in rep["suites"] for r in s["results"] if r["status"] == "error"]
+
+
+# Work cut into equal shares per thread, the remainder of an uneven split lost (its output
+# rows left zero): invisible wherever every size splits evenly at the thread count compared.
+REMAINDER_LOST = """
+    import engine.kernels as K
+    ITEM = 16                       # output rows per work item
+    def lose_remainder(kernel):
+        def run(ptrs, n_rows, row_bytes, act_rows, act_start, *rest):
+            out = kernel(ptrs, n_rows, row_bytes, act_rows, act_start, *rest)
+            workers, per = K.get_threads(), -(-n_rows // ITEM)
+            total = len(ptrs) * per
+            for i in range(total // workers * workers, total):
+                m, r0 = divmod(i, per)
+                out[act_start[m]:act_start[m + 1], r0 * ITEM:(r0 + 1) * ITEM] = 0
+            return out
+        return run
+    K._MATMUL = {q: lose_remainder(k) for q, k in K._MATMUL.items()}
+"""
+
+
+@pytest.mark.usefixtures("built_engine")
+def test_a_fault_in_uneven_thread_splits_is_caught_where_2_threads_split_evenly(tmp_path):
+    """On the 3-layer 64-expert model every work split at -t 2 is even, so -t 1 vs 2 is
+    byte-identical; the plan's -t 3 splits unevenly and the lost remainder shows."""
+    rc, rep = run_check(tmp_path, shape_model(31), broken_engine(tmp_path, REMAINDER_LOST), "--suites", "determinism")
+    st = statuses(rep, "determinism")
+    assert rc == 1 and st["threads 1 vs 2"] == "pass" and st["threads 1 vs 3"] == "fail", st
+    assert "logits not byte-identical with -t 3" in results(rep, "determinism")[2]["message"]

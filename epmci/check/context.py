@@ -25,7 +25,7 @@ from ..contract.runspec import RunSpec
 from ..gguf.facts import ModelFacts
 from ..gguf.file import EXPERT_PARTS, ModelFile
 from ..gguf.identity import file_sha256
-from ..perf.machine import available_memory_mib
+from ..perf.machine import available_memory_mib, cpu_count
 from ..reference.moe import MoEResult, moe_layer, shared_expert
 from ..units import MiB, arena_mib
 from .plan import CheckPlan
@@ -76,7 +76,7 @@ class CheckContext:
         available = available_memory_mib() if m == "auto" else None
         self.memory = MemoryPool(float(m) if m != "auto" else None if available is None else
                                  max(1.0, available - max(MEMORY_RESERVE_MIB, MEMORY_RESERVE_SHARE * available)))
-        self.plan = CheckPlan.of(self.cfg, self.facts, self.jobs, self.memory.capacity)
+        self.plan = CheckPlan.of(self.cfg, self.facts, self.jobs, self.memory.capacity, cpu_count())
 
     def run_need_mib(self, spec: RunSpec) -> float:
         """What the run is estimated to hold at its peak (contract/memory.py)."""
@@ -87,11 +87,6 @@ class CheckContext:
     @property
     def threads(self) -> int:
         return self.cfg.engine.threads
-
-    @property
-    def threads_alt(self) -> int:
-        t = self.cfg.determinism.threads_alt
-        return t if t else (1 if self.threads > 1 else 2)
 
     def logits_rule(self, against: str) -> LogitsRule:
         """How the engine's logits must agree with `against`: "reference" (epmci's NumPy
@@ -149,7 +144,7 @@ class CheckContext:
                                      ctx=self.cfg.engine.ctx, batch=self.cfg.run.batch, arena_mb=self.arena_mb())
         need = self.run_need_mib(RunSpec("", arena_mb=self.arena_mb(), dump_logits=False))
         with self.memory.hold(need):
-            return run_engine(self.engine, args, timeout=self.cfg.engine.timeout_s, label=label, threads=self.threads)
+            return run_engine(self.engine, args, timeout=self.cfg.engine.timeout_s, label=label)
 
     # -------------------------------------------------------------- reference facts
 

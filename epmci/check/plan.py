@@ -24,6 +24,12 @@ is dropped at T's own lookup. So
   when every token uses every expert; and a prefetch never evicts an entry of the current
   layer, so on a 1-layer model none is issued once the arena is full;
 - a pin needs a slot the micro-batch's need leaves free in its class.
+
+The thread counts determinism compares with -t: 1, 2, 3 and the runner's CPUs (the count
+production runs), less -t itself. Work split into equal shares is split evenly at every
+size that is a multiple of the count, and the model's sizes mostly are multiples of 2: a
+fault that only loses or repeats the remainder of an uneven split (measured: a 3-layer
+64-expert model passed at -t 2) shows at 3, which splits power-of-two sizes unevenly.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from ..gguf.facts import ModelFacts
 CONTRACT_LAYER_AHEAD = 1     # docs/engine-contract.md: SDQ_PREFETCH_LAYER_AHEAD's default
 FAR_LAYER_AHEAD = 2          # the queue run's distance where the model has the layers
 SMALL_QUEUE = 2              # the queue run's cap where a micro-batch predicts more than it
+SPLIT_THREADS = (1, 2, 3)    # -t counts every check compares (with the runner's CPUs)
 
 
 def predicts(n_layer: int, distance: int) -> bool:
@@ -91,10 +98,12 @@ class CheckPlan:
     far_layer_ahead: int             # the queue run's SDQ_PREFETCH_LAYER_AHEAD
     small_queue: int                 # the queue run's SDQ_PREFETCH_QUEUE
     hot_pin_batch: int | None        # -b of the hot-pin run (None: no pin can be placed)
+    other_threads: tuple[int, ...] = ()   # the -t counts determinism compares with engine.threads
     adjusted: tuple[str, ...] = ()   # what was changed from the settings, and why
 
     @classmethod
-    def of(cls, cfg: CheckConfig, facts: ModelFacts, jobs: int, memory_mb: float | None) -> "CheckPlan":
+    def of(cls, cfg: CheckConfig, facts: ModelFacts, jobs: int, memory_mb: float | None,
+           cpus: int = 1) -> "CheckPlan":
         n, adjusted = facts.n_layer, []
         stress = reachable_distance(n, cfg.prefetch_stress.layer_ahead)
         if stress != cfg.prefetch_stress.layer_ahead:
@@ -108,7 +117,11 @@ class CheckPlan:
         if pins is not None and pins != batch:
             adjusted.append(f"hot-pin run -b {batch} -> {pins}: the micro-batch's need would take every slot "
                             f"of the {facts.n_expert * n} experts, leaving none to pin")
-        return cls(jobs, memory_mb, stress, far, queue, pins, tuple(adjusted))
+        alt = cfg.determinism.threads_alt
+        other = (sorted(set(SPLIT_THREADS) | {cpus}) if alt in ("auto", 0)     # 0: the old spelling of auto
+                 else [alt] if isinstance(alt, int) else alt)
+        threads = tuple(t for t in other if t != cfg.engine.threads)
+        return cls(jobs, memory_mb, stress, far, queue, pins, threads, tuple(adjusted))
 
     def unreachable(self, facts: ModelFacts, switch: str, value: str, distance: int) -> str | None:
         """Why a run setting `switch` to `value` (predicting `distance` layers ahead) cannot
@@ -140,5 +153,6 @@ class CheckPlan:
         queue = (f"queue run layer-ahead {self.far_layer_ahead}, queue {self.small_queue}" if self.far_layer_ahead
                  else "no queue run (no layer ahead to predict)")
         out = (f"plan: {self.jobs} engine run(s) at once, {mem}; prefetch-stress layer-ahead "
-               f"{self.stress_layer_ahead}; {queue}; {pins}")
+               f"{self.stress_layer_ahead}; {queue}; {pins}; determinism also at -t "
+               f"{', '.join(map(str, self.other_threads))}")
         return out + "".join(f"\n  adjusted: {a}" for a in self.adjusted)

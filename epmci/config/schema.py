@@ -98,7 +98,7 @@ class StressConfig:
 
 @dataclass
 class DeterminismConfig:
-    threads_alt: int = 0             # 0: 1 if engine.threads > 1, else 2
+    threads_alt: str | int | list[int] = "auto"   # the other -t counts; auto: the plan's (check/plan.py)
 
 
 @dataclass

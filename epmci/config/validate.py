@@ -29,7 +29,6 @@ def validate(cfg: CheckConfig) -> None:
                          ("prefetch_stress.queue", cfg.prefetch_stress.queue, 1),
                          ("prefetch_stress.stale_tokens", cfg.prefetch_stress.stale_tokens, 0),
                          ("prefetch_stress.margin_experts", cfg.prefetch_stress.margin_experts, 0),
-                         ("determinism.threads_alt", cfg.determinism.threads_alt, 0),
                          ("e2e.n_predict", cfg.e2e.n_predict, 1)):
         if val < lo:
             raise InputError(w, f"{key} must be >= {lo}, got {val}")
@@ -57,6 +56,12 @@ def validate(cfg: CheckConfig) -> None:
             raise InputError(w, f"layer.layers must be 'auto' or a list of layers, got {cfg.layer.layers!r}")
     elif not cfg.layer.layers:
         raise InputError(w, "layer.layers must be 'auto' or a non-empty list")
+    alt = cfg.determinism.threads_alt
+    counts = [alt] if isinstance(alt, int) else alt
+    if alt not in ("auto", 0) and (isinstance(alt, str) or not counts or
+                          any(isinstance(t, bool) or not isinstance(t, int) or t < 1 or t == e.threads for t in counts)):
+        raise InputError(w, f"determinism.threads_alt must be 'auto' (or 0) or thread counts >= 1 other than engine.threads "
+                            f"({e.threads}), got {alt!r}")
     bad = [x for x in cfg.prefetch_stress.layouts if x not in LAYOUTS]
     if bad or not cfg.prefetch_stress.layouts:
         raise InputError(w, f"prefetch_stress.layouts must be a non-empty subset of {list(LAYOUTS)}")

@@ -1,5 +1,5 @@
 """What is specific to the bundled engine (`python -m engine`, engine/): how it is started,
-the environment numba needs, and when a compiled cache can be reused for another source tree
+the environment its runs need, and when a compiled cache can be reused for another source tree
 (the warm-up runs that fill numba's on-disk cache: epmci.contract.build). Every other part of epmci treats the
 bundled engine as any engine speaking docs/engine-contract.md; epmci never imports engine/.
 """
@@ -16,16 +16,11 @@ from pathlib import Path
 ARGV = (sys.executable, "-m", "engine")
 
 
-def run_env(threads: int, root: str | None = None) -> dict[str, str]:
-    """numba refuses more threads than NUMBA_NUM_THREADS (default: the CPU count); an engine
-    of another source tree runs with that tree first on PYTHONPATH."""
-    env = {}
-    if "NUMBA_NUM_THREADS" not in os.environ:
-        env["NUMBA_NUM_THREADS"] = str(max(threads, os.cpu_count() or 1))
-    if root:
-        env["PYTHONPATH"] = str(root) + (os.pathsep + os.environ["PYTHONPATH"]
-                                         if os.environ.get("PYTHONPATH") else "")
-    return env
+def run_env(root: str | None = None) -> dict[str, str]:
+    """An engine of another source tree runs with that tree first on PYTHONPATH."""
+    if not root:
+        return {}
+    return {"PYTHONPATH": str(root) + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")}
 
 
 # ------------------------------------------------------------------ numba's compiled cache

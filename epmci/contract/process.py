@@ -140,11 +140,11 @@ def base_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def _launch(cmd: EngineCommand, args: list[str], env: dict[str, str] | None,
-            threads: int) -> tuple[list[str], dict[str, str], dict[str, str]]:
+def _launch(cmd: EngineCommand, args: list[str], env: dict[str, str] | None
+            ) -> tuple[list[str], dict[str, str], dict[str, str]]:
     """argv, the environment added to epmci's (reported with a failure) and the full one."""
     argv = [*cmd.argv, *[str(a) for a in args]]
-    extra = bundled.run_env(threads, cmd.root) if cmd.bundled else {}
+    extra = bundled.run_env(cmd.root) if cmd.bundled else {}
     extra.update(cmd.env)
     extra.update(env or {})
     return argv, extra, base_env(extra)
@@ -185,12 +185,10 @@ def running() -> list[tuple[str, float]]:
 
 
 def run_engine(cmd: EngineCommand, args: list[str], *, timeout: float, label: str = "",
-               env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None,
-               threads: int = 1) -> EngineRun:
-    """Run `cmd args` with the contract's environment (plus, for the bundled engine, what
-    it needs to run `threads` compute threads from its source tree); never raises for
-    engine failures."""
-    argv, extra, full_env = _launch(cmd, args, env, threads)
+               env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None) -> EngineRun:
+    """Run `cmd args` with the contract's environment (plus, for the bundled engine of
+    another source tree, that tree on PYTHONPATH); never raises for engine failures."""
+    argv, extra, full_env = _launch(cmd, args, env)
     t0 = time.perf_counter()
     try:
         p = _started(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -268,10 +266,10 @@ class StartedEngine:
 
 def start_engine(cmd: EngineCommand, args: list[str], out: Path, *, timeout: float, label: str = "",
                  env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None,
-                 threads: int = 1, pass_fds: tuple[int, ...] = (), cpus: frozenset[int] | None = None) -> StartedEngine:
+                 pass_fds: tuple[int, ...] = (), cpus: frozenset[int] | None = None) -> StartedEngine:
     """Start `cmd args` as run_engine would, without waiting; `pass_fds` are inherited, and
     `cpus` (when given) are the only CPUs the engine and every thread it starts may run on."""
-    argv, extra, full_env = _launch(cmd, args, env, threads)
+    argv, extra, full_env = _launch(cmd, args, env)
     started = StartedEngine(label, argv, extra, Path(out), timeout)
     pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None   # in the child, before exec
     try:

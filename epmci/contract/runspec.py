@@ -84,7 +84,7 @@ def run(engine: EngineCommand, model: str | os.PathLike, spec: RunSpec, out: Pat
     broken one makes it fail; unreadable stats are left to the caller to report)."""
     full_env = _env(spec, env)
     r = run_engine(engine, spec.args(model, out, engine.has("pager")), timeout=timeout, label=label,
-                   env=full_env, cwd=cwd, threads=spec.threads)
+                   env=full_env, cwd=cwd)
     if promises is not None and r.ok and engine.has("pager") and spec.pager:
         try:
             records = read_stats(out / STATS_FILE, engine.stats_fields())
@@ -100,7 +100,7 @@ def start(engine: EngineCommand, model: str | os.PathLike, spec: RunSpec, out: P
           cpus: frozenset[int] | None = None) -> StartedEngine:
     """Start `spec` paced over `pace_fds` (inherited by the engine), without waiting."""
     return start_engine(engine, spec.args(model, out, engine.has("pager"), pace_fds), out, timeout=timeout, label=label,
-                        env=_env(spec, env), cwd=cwd, threads=spec.threads, pass_fds=pace_fds, cpus=cpus)
+                        env=_env(spec, env), cwd=cwd, pass_fds=pace_fds, cpus=cpus)
 
 
 def _env(spec: RunSpec, env: dict | None) -> dict:

@@ -1,6 +1,6 @@
 """Layer 4, determinism: the same prompt run twice with the model's page cache dropped in
-between (posix_fadvise DONTNEED, so the second run reads from disk), and once with another
-thread count. Logits must be byte-identical, generated text equal and every exact counter of
+between (posix_fadvise DONTNEED, so the second run reads from disk), and once with each other
+thread count of the plan (1, 2, 3 and the runner's CPUs: check/plan.py). Logits must be byte-identical, generated text equal and every exact counter of
 the stats (hits, misses, evictions, bytes read, prefetch counts, ...) identical. The first
 run, on the engine's default paging settings and arena, is also replayed on the contract's
 cache policy (check/cache_check.py): every exact counter as the policy gives it.
@@ -35,30 +35,31 @@ class DeterminismSuite:
     requires: tuple[str, ...] = ()
 
     def plan(self, ctx: CheckContext) -> list[Task | CheckResult]:
-        names = ["page cache dropped", f"threads {ctx.threads} vs {ctx.threads_alt}", REPLAYED]
-        return [Task(NAME, "determinism", lambda: self.check(ctx, names), names=names, cost=3.0)]
+        names = ["page cache dropped", *(f"threads {ctx.threads} vs {t}" for t in ctx.plan.other_threads), REPLAYED]
+        return [Task(NAME, "determinism", lambda: self.check(ctx, names), names=names,
+                     cost=2.0 + len(ctx.plan.other_threads))]
 
     def check(self, ctx: CheckContext, names: list[str]) -> list[CheckResult]:
         prompt, n = ctx.cfg.prompts.determinism, ctx.cfg.run.n_predict
-        d = {k: ctx.dir(f"determinism-{k}") for k in ("first", "cold", "threads")}
+        first_dir = ctx.dir("determinism-first")
         replay = ctx.engine.has("pager") and ctx.engine.has("moe_dump")
-        env = {"SDQ_MOE_DUMP": str(d["first"] / "moe"), **prefetch_env(ctx, d["first"])} if replay else {}
-        first = ctx.run("determinism first", ctx.spec(prompt, n_predict=n), d["first"], env=env)
+        env = {"SDQ_MOE_DUMP": str(first_dir / "moe"), **prefetch_env(ctx, first_dir)} if replay else {}
+        first = ctx.run("determinism first", ctx.spec(prompt, n_predict=n), first_dir, env=env)
         if not first.ok:
             return run_failed(NAME, names, first, "first run: ")
         dropped = drop_page_cache(ctx.model_path)
-        cold = ctx.run("determinism cold", ctx.spec(prompt, n_predict=n), d["cold"])
-        other = ctx.run("determinism threads", ctx.spec(prompt, n_predict=n, threads=ctx.threads_alt), d["threads"])
+        seconds = [(names[0], "cold", None, "after the page cache was dropped", {"page_cache_dropped": dropped})]
+        seconds += [(name, f"threads-{t}", t, f"with -t {t}", {"threads": ctx.threads, "threads_other": t})
+                    for name, t in zip(names[1:-1], ctx.plan.other_threads)]
         results = []
-        for name, run, key, what in ((names[0], cold, "cold", "after the page cache was dropped"),
-                                     (names[1], other, "threads", f"with -t {ctx.threads_alt}")):
+        for name, key, threads, what, props in seconds:
+            out = ctx.dir(f"determinism-{key}")
+            run = ctx.run(f"determinism {key}", ctx.spec(prompt, n_predict=n, threads=threads), out)
             if not run.ok:
                 results += run_failed(NAME, [name], run, f"run {what}: ")
                 continue
-            results.append(self.compare(ctx, name, first, run, d["first"], d[key], what, not results,
-                                        {"page_cache_dropped": dropped} if key == "cold" else
-                                        {"threads": ctx.threads, "threads_other": ctx.threads_alt}))
-        return results + [self.replayed(ctx, first, d["first"], replay)]
+            results.append(self.compare(ctx, name, first, run, first_dir, out, what, not results, props))
+        return results + [self.replayed(ctx, first, first_dir, replay)]
 
     @staticmethod
     def replayed(ctx: CheckContext, run, out, replay: bool) -> CheckResult:
