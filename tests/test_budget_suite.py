@@ -10,6 +10,7 @@ from faults import broken_engine, results, run_check, statuses
 
 pytestmark = pytest.mark.usefixtures("built_engine")
 BELOW, ABOVE = "refuses a budget below its need", "runs within a budget just above its need"
+GROWTH = "memory does not grow with tokens"
 
 
 def budget_check(tmp_path, tiny_model, patch: str | None):
@@ -20,7 +21,7 @@ def budget_check(tmp_path, tiny_model, patch: str | None):
 
 def test_the_bundled_engine_keeps_its_budget_promise(tmp_path, tiny_model):
     rc, st, res = budget_check(tmp_path, tiny_model, None)
-    assert rc == 0 and st == {BELOW: "pass", ABOVE: "pass"}, res
+    assert rc == 0 and st == {BELOW: "pass", ABOVE: "pass", GROWTH: "pass"}, res
     p = res[ABOVE]["properties"]
     assert 0 < p["peak_rss_mb"] <= p["budget_mb"] and p["budget_mb"] > p["need_mb"] > res[BELOW]["properties"]["budget_mb"]
 
@@ -43,7 +44,7 @@ def test_an_engine_that_allocates_more_than_it_counts_fails(tmp_path, tiny_model
             self.ballast = np.ones(48 << 18, dtype=np.float32)      # 48 MiB after the budget check
         R.Engine.__init__ = __init__
     """)
-    assert rc == 1 and st == {BELOW: "pass", ABOVE: "fail"} and "over the budget" in res[ABOVE]["message"]
+    assert rc == 1 and st == {BELOW: "pass", ABOVE: "fail", GROWTH: "pass"} and "over the budget" in res[ABOVE]["message"]
 
 
 def test_a_refusal_that_is_not_one_line_fails(tmp_path, tiny_model):

@@ -241,3 +241,22 @@ def test_a_fault_in_uneven_thread_splits_is_caught_where_2_threads_split_evenly(
     st = statuses(rep, "determinism")
     assert rc == 1 and st["threads 1 vs 2"] == "pass" and st["threads 1 vs 3"] == "fail", st
     assert "logits not byte-identical with -t 3" in results(rep, "determinism")[2]["message"]
+
+
+@pytest.mark.usefixtures("built_engine")
+def test_a_leak_per_token_is_caught_without_golden(tmp_path):
+    """1 MiB kept per micro-batch (every decoded token): the budget suite's longer run peaks
+    64 MiB higher than its KV and logits rows allow; the correct engine moves < 1 MiB."""
+    leak = """
+        import engine.paging.pager as P
+        KEPT, good = [], P.Pager.end_batch
+        def end_batch(self, n_tokens):
+            KEPT.append(np.ones(1 << 18, np.float32))
+            return good(self, n_tokens)
+        P.Pager.end_batch = end_batch
+    """
+    for engine_cmd, status in ((None, "pass"), (broken_engine(tmp_path, leak), "fail")):
+        rc, rep = run_check(tmp_path, shape_model(31), engine_cmd, "--suites", "budget", "--no-build")
+        r = results(rep, "budget")[2]
+        assert r["name"] == "memory does not grow with tokens" and r["status"] == status, r["message"]
+    assert "memory grows with tokens" in r["message"] and r["properties"]["extra_tokens"] == 64
