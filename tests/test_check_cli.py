@@ -199,20 +199,26 @@ def test_bad_config_is_exit_2(tmp_path, capsys):
     assert epmci_main(["check", "--config", str(tmp_path / "missing.yaml")]) == 2
 
 
-def test_engine_build_failure_is_exit_2_with_compiler_message(tmp_path, tiny_model, capsys):
+def test_an_engine_that_fails_to_build_is_a_failing_engine_not_a_broken_gate(tmp_path, tiny_model, capsys):
+    """A build that breaks is the engine's failure (exit 1, the compiler's message with it);
+    a build command that cannot even be started is epmci unable to run (exit 2)."""
     build = (f"{shlex.quote(sys.executable)} -c \"import sys; "
              f"sys.stderr.write('kernels.c:12: error: expected ; before }}\\n'); sys.exit(1)\"")
     engine = f"{shlex.quote(sys.executable)} -m engine"
     junit = tmp_path / "j.xml"
     rc, rep = check(tmp_path, "--model", str(tiny_model), "--engine-cmd", engine, "--build-cmd", build,
                     "--junit-xml", str(junit))
-    assert rc == 2
-    err = capsys.readouterr().err
-    assert "engine build failed" in err and "kernels.c:12: error: expected ;" in err
+    assert rc == 1 and not rep.get("tool_error")
+    (r,) = [r for s in rep["suites"] for r in s["results"]]
+    assert r["status"] == "fail" and r["message"].startswith("the engine failed before any check: build failed")
+    assert "kernels.c:12: error: expected ;" in capsys.readouterr().out
     assert [s["name"] for s in rep["suites"]] == ["build"]       # no check ran
     validate_junit(junit)
-    assert epmci_main(["build", "--model", str(tiny_model), "--engine-cmd", engine, "--build-cmd", build]) == 2
+    assert epmci_main(["build", "--model", str(tiny_model), "--engine-cmd", engine, "--build-cmd", build]) == 1
     assert "kernels.c:12" in capsys.readouterr().err
+    rc, rep = check(tmp_path, "--model", str(tiny_model), "--engine-cmd", engine,
+                    "--build-cmd", str(tmp_path / "no-such-build-script"))
+    assert rc == 2 and "could not be started" in rep["tool_error"]
 
 
 def test_build_bundled_engine_reports_seconds(tiny_model, capsys, built_engine):

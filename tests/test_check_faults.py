@@ -276,3 +276,42 @@ def test_the_default_settings_counters_are_replayed(tmp_path, tiny_model):
     assert rc == 1 and st == {"page cache dropped": "pass", "threads 1 vs 2": "pass", "threads 1 vs 3": "pass",
                               "default settings: counters replayed": "fail"}, st
     assert says in results(rep, "determinism")[-1]["message"]
+
+
+def test_an_engine_that_breaks_at_start_up_is_a_failing_engine(tmp_path, tiny_model):
+    """A short read in the engine's start-up warm-up, reported by the engine as a refusal
+    (exit 2, one line) on every run: at the contract's settings, on a model epmci validated
+    and the engine declares it runs, that is the engine's defect -- exit 1 with the engine's
+    line in every failure, not exit 2 (which a user reads as the gate being broken)."""
+    cmd = broken_engine(tmp_path, """
+        import engine.runtime as R
+        from engine.gguf_model import ModelError
+        def warm_up(*a, **k):
+            raise ModelError("token_embd.weight: short read (4096 of 8192 bytes)")
+        R.warm_up = warm_up
+    """)
+    rc, rep = run_check(tmp_path, tiny_model, cmd, "--suites", "kernel,layer,determinism")
+    assert rc == 1 and not rep.get("tool_error"), rep.get("tool_error")
+    assert "short read" in rep["meta"]["engine_refused_every_run"]
+    failed = [r for s in rep["suites"] for r in s["results"] if r["status"] == "fail"]
+    assert failed and all("engine refused to run (exit 2)" in r["message"] and "short read" in r["message"]
+                          for r in failed)
+
+
+def test_a_refused_build_is_the_engines_unless_the_user_set_what_it_refuses(tiny_model):
+    """...or the model is one the engine does not declare it runs (tests/test_corrupt_models.py:
+    a Q4_0 tensor stays exit 2)."""
+    from epmci.check.runner import changed_engine_settings, engine_at_fault
+    from epmci.config.schema import CheckConfig
+    from epmci.contract.build import BuildResult
+    from epmci.contract.process import EngineCommand
+    from epmci.gguf.file import ModelFile
+    engine, mf = EngineCommand.from_setting(None, {}), ModelFile(tiny_model)
+    from epmci.perf.settings import for_model
+    refused = BuildResult(False, "bundled engine", "warm-up run (paged path) failed (exit 2): ...", refused=True)
+    cfg, _ = for_model(CheckConfig(), mf)
+    assert engine_at_fault(refused, cfg, engine, mf) and engine_at_fault(BuildResult(False, "x", "crash"), cfg, engine, mf)
+    cfg.run.arena_mb = 0.01
+    assert changed_engine_settings(cfg) == ["run.arena_mb=0.01"] and not engine_at_fault(refused, cfg, engine, mf)
+    assert not engine_at_fault(BuildResult(False, "x", "not found", cannot_start=True), for_model(CheckConfig(), mf)[0],
+                               engine, mf)

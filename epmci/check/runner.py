@@ -47,10 +47,23 @@ def build_for_check(cfg: CheckConfig, engine: EngineCommand, model_path: Path, f
                         build_timeout=cfg.engine.build_timeout_s, run_timeout=cfg.engine.timeout_s, workdir=workdir)
 
 
-def build_result(b: BuildResult) -> CheckResult:
-    """The build as the first result of a check: an error when it failed (exit 2)."""
-    return CheckResult("build", b.name, PASS if b.ok else ERROR, b.message, b.props, b.seconds,
-                       b.stderr_tail, b.details)
+def engine_at_fault(b: BuildResult, cfg: CheckConfig, engine: EngineCommand, mf: ModelFile) -> bool:
+    """A failed build is the engine's when it broke, or refused (exit 2) a warm-up at the
+    contract's settings (no flag setting changed by the user) on a model it declares it runs."""
+    if b.engine_failed:
+        return True
+    if not b.refused or changed_engine_settings(cfg):
+        return False
+    caps, _ = declared(cfg, engine)
+    return caps is not None and engine_for_model(caps, mf) is None
+
+
+def build_result(b: BuildResult, at_fault: bool) -> CheckResult:
+    """The build as the first result of a check: a failure of the engine when its build or
+    warm-up broke (exit 1), an error when epmci could not run it at all (exit 2)."""
+    status = PASS if b.ok else FAIL if at_fault else ERROR
+    message = b.message if b.ok or not at_fault else f"the engine failed before any check: {b.message}"
+    return CheckResult("build", b.name, status, message, b.props, b.seconds, b.stderr_tail, b.details)
 
 
 class ToolError(Exception):
@@ -85,8 +98,8 @@ def run_check(cfg: CheckConfig, progress: Progress | None = None, *, build: bool
             say(f"derived {line}")
         wd = _workdir(workdir)
         report.meta["workdir"] = str(wd)
-        if build:        # first: an external engine may only exist once built
-            _build(cfg, engine, model_path, mf, wd, report, emit, say)
+        if build and not _build(cfg, engine, model_path, mf, wd, report, emit, say):
+            return report          # the engine broke at its build or start: that is the verdict
         ctx = _context(cfg, engine, model_path, mf, wd, report, jobs)
         report.meta["plan"] = ctx.plan.to_dict()
         say(ctx.plan.text())
@@ -95,7 +108,12 @@ def run_check(cfg: CheckConfig, progress: Progress | None = None, *, build: bool
                            most_runs_at_once=ctx.memory.peak_runs)
         refusal = engine_refuses_everything(report.results)
         if refusal:
-            raise ToolError(f"the engine refused every run (exit 2): {refusal}")
+            changed = changed_engine_settings(cfg)
+            if changed:
+                raise ToolError(f"the engine refused every run (exit 2) with {', '.join(changed)} set: {refusal}")
+            # on a model epmci validated and the engine declares it runs, at the contract's
+            # settings: the refusal is the engine's defect, and the failed runs its verdict
+            report.meta["engine_refused_every_run"] = refusal
     except ToolError as e:
         report.tool_error = str(e)
     finally:
@@ -126,15 +144,33 @@ def _workdir(workdir: str | os.PathLike | None) -> Path:
     return Path(tempfile.mkdtemp(prefix="epmci-check-", dir=base))
 
 
+# Settings that reach the engine as flags (arena, budget, batch, context, threads): when the
+# user changed one, an engine refusing every run may be refusing that value.
+ENGINE_FLAG_SETTINGS = (("run", "arena_mb"), ("run", "arena_fraction"), ("run", "ram_budget_mb"),
+                        ("run", "batch"), ("engine", "ctx"), ("engine", "threads"))
+
+
+def changed_engine_settings(cfg: CheckConfig) -> list[str]:
+    """The ENGINE_FLAG_SETTINGS that differ from their defaults, named."""
+    default = CheckConfig()
+    return [f"{a}.{b}={getattr(getattr(cfg, a), b)}" for a, b in ENGINE_FLAG_SETTINGS
+            if getattr(getattr(cfg, a), b) != getattr(getattr(default, a), b)]
+
+
 def _build(cfg: CheckConfig, engine: EngineCommand, model_path: Path, mf: ModelFile, wd: Path,
-           report: CheckReport, emit: Progress, say: Callable[[str], None]) -> None:
+           report: CheckReport, emit: Progress, say: Callable[[str], None]) -> bool:
+    """Build and warm the engine up first (an external engine may only exist once built):
+    True when the suites can run; False when the engine broke (a failed result); ToolError
+    when epmci cannot run it (refused, or a command that cannot be started)."""
     say(f"building {engine.describe()} ...")
     b = build_for_check(cfg, engine, model_path, ModelFacts.of(mf, cfg.run.slot_align, cfg.run.slot_windows), wd)
     report.suites.append(SuiteInfo("build", "engine build"))
     report.meta["build_seconds"] = round(b.seconds, 3)
-    emit(build_result(b))
-    if not b.ok:
+    at_fault = engine_at_fault(b, cfg, engine, mf)
+    emit(build_result(b, at_fault))
+    if not b.ok and not at_fault:
         raise ToolError(f"engine build failed: {b.message}")
+    return b.ok
 
 
 def _context(cfg: CheckConfig, engine: EngineCommand, model_path: Path, mf: ModelFile, wd: Path,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..check.runner import build_for_check
+from ..check.runner import build_for_check, engine_at_fault
 from ..contract.process import EngineCommand
 from ..gguf.facts import ModelFacts
 from ..gguf.file import ModelFile
@@ -16,7 +16,7 @@ from .options import add_config_args, config_from_args
 
 def add_parser(sub) -> None:
     b = sub.add_parser("build", help="compile the engine (numba cache) or run its build command; "
-                                     "exit 2 on failure")
+                                     "exit 1 when the engine fails to build or start, 2 when it cannot be run")
     add_config_args(b)
     b.set_defaults(func=run)
 
@@ -34,6 +34,6 @@ def run(a: argparse.Namespace) -> int:
         print(f"epmci: error: engine build failed: {r.message}", file=sys.stderr)
         if r.stderr_tail and not r.refused:        # a refusal is its one line; a compiler's tail helps
             print(r.stderr_tail, file=sys.stderr)
-        return 2
+        return 1 if engine_at_fault(r, cfg, engine, mf) else 2
     print(f"epmci build: {r.message}")
     return 0

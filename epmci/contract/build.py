@@ -35,6 +35,13 @@ class BuildResult:
     stderr_tail: str = ""
     details: str = ""
     refused: bool = False      # the engine refused to run (exit 2, its one line is in message)
+    cannot_start: bool = False # the command could not be started (not found, not executable)
+
+    @property
+    def engine_failed(self) -> bool:
+        """The engine itself broke: its build or a warm-up run crashed, timed out or exited
+        non-zero -- a verdict on the engine (exit 1), not epmci unable to run (exit 2)."""
+        return not self.ok and not self.refused and not self.cannot_start
 
 
 def selftest_layers(model_path: str | Path) -> list[int]:
@@ -96,7 +103,7 @@ def build_engine(engine: EngineCommand, model_path: str | Path, arena_mb: float,
     if last:
         why += f": {last[-1].strip()[:300]}"
     return BuildResult(False, name, why, props, secs, run.stderr_tail(), f"command: {run.command_line()}",
-                       refused=run.returncode == 2)
+                       refused=run.returncode == 2, cannot_start=bool(run.launch_error))
 
 
 def _warm_up(engine: EngineCommand, model: str, workdir: str, arena_mb: float,
