@@ -101,7 +101,7 @@ def given_tokens(mf: ModelFile, prompt: str, positions: int, decode: int) -> lis
 
 
 def _engine(cfg: CheckConfig, cmd: str | None, mf: ModelFile) -> tuple[EngineCommand, str]:
-    engine = EngineCommand.from_setting(cmd, cfg.engine.env)
+    engine = EngineCommand.of_settings(cfg.engine, cmd)
     caps, why = declared(cfg, engine)
     if caps is None:
         raise InputError(engine.describe(), why)

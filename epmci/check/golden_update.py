@@ -55,7 +55,7 @@ def update_golden(cfg: CheckConfig, reason: str, *, timing: bool, repeats: int, 
     model = Path(report.meta["model"])
     mf = ModelFile(model)
     cfg, _ = for_model(cfg, mf)          # the settings the check just ran with
-    engine = EngineCommand.from_setting(cfg.engine.cmd, cfg.engine.env)
+    engine = EngineCommand.of_settings(cfg.engine)
     caps, why = declared(cfg, engine)
     if caps is None:
         out.refused = why

@@ -78,7 +78,7 @@ def run_check(cfg: CheckConfig, progress: Progress | None = None, *, build: bool
     t_start = time.perf_counter()
     report = CheckReport()
     say = note or (lambda s: None)
-    engine = EngineCommand.from_setting(cfg.engine.cmd, cfg.engine.env)
+    engine = EngineCommand.of_settings(cfg.engine)
     jobs = cfg.run.jobs or cpu_count()
     report.meta.update(config=cfg.source, engine=engine.describe(), fast=cfg.fast, jobs=jobs,
                        suites=",".join(cfg.suites), host=platform.node(), python=platform.python_version())

@@ -24,7 +24,7 @@ def add_parser(sub) -> None:
 def run(a: argparse.Namespace) -> int:
     cfg = config_from_args(a)
     model = resolve_model(cfg.model)
-    engine = EngineCommand.from_setting(cfg.engine.cmd, cfg.engine.env)
+    engine = EngineCommand.of_settings(cfg.engine)
     mf = ModelFile(model)
     cfg, _ = for_model(cfg, mf)
     facts = ModelFacts.of(mf, cfg.run.slot_align, cfg.run.slot_windows)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from ..compare.arrays import Tolerance
 from ..compare.logits import MODES
+from ..contract.process import MAX_OUTPUT_MB
 
 CONFIG_NAME = "epmci.yaml"
 SUITE_NAMES = ("contract", "kernel", "layer", "prefetch-stress", "determinism", "e2e", "model", "switches", "budget",
@@ -31,6 +32,7 @@ class EngineConfig:
     ctx: int = 512                       # -c
     env: dict[str, str] = field(default_factory=dict)
     features: list[str] | None = None    # None: as the engine's --contract-info declares; a list overrides it
+    max_output_mb: float = MAX_OUTPUT_MB  # stdout + stderr one engine run may write; past it the run is killed and fails
 
 
 @dataclass

@@ -18,11 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import InputError
+from ..units import MiB
 from . import bundled
 from .outputs import engine_error_line, slot_errors, stats_fields
 
 STDERR_TAIL_LINES = 30
 STDERR_TAIL_CHARS = 4000
+MAX_OUTPUT_MB = 64.0      # engine.max_output_mb: stdout + stderr an engine run may write
 # Contract v1 had no capability declaration and made these features mandatory: an engine whose
 # features were never asked (e.g. an old base engine of --perf-base) is driven as v1 drove it.
 V1_FEATURES = frozenset({"pager", "selftest", "moe_dump", "profile"})
@@ -35,6 +37,7 @@ class EngineCommand:
     env: tuple[tuple[str, str], ...] = ()
     root: str | None = None      # bundled engine: the source tree it runs from (None: the installed one)
     features: frozenset[str] | None = None   # what it declared (epmci.contract.capabilities); None: v1
+    max_output_mb: float = MAX_OUTPUT_MB     # a run writing more to stdout + stderr is killed
 
     @classmethod
     def from_setting(cls, cmd: str | list[str] | None, env: dict | None = None) -> "EngineCommand":
@@ -47,10 +50,16 @@ class EngineCommand:
             raise InputError("engine command", "empty")
         return cls(tuple(argv), False, env_t)
 
+    @classmethod
+    def of_settings(cls, engine_cfg, cmd: str | list[str] | None = None) -> "EngineCommand":
+        """The engine of the settings' `engine` section (or `cmd` run with them), with its limits."""
+        c = cls.from_setting(engine_cfg.cmd if cmd is None else cmd, engine_cfg.env)
+        return dataclasses.replace(c, max_output_mb=float(engine_cfg.max_output_mb))
+
     def at(self, root: str | os.PathLike) -> "EngineCommand":
         """The bundled engine of another source tree (a git worktree of --perf-base), whose
         features are not this tree's."""
-        return EngineCommand(self.argv, self.bundled, self.env, str(root))
+        return EngineCommand(self.argv, self.bundled, self.env, str(root), max_output_mb=self.max_output_mb)
 
     def with_features(self, features) -> "EngineCommand":
         return dataclasses.replace(self, features=frozenset(features))
@@ -81,11 +90,13 @@ class EngineRun:
     timed_out: bool = False
     launch_error: str | None = None
     broken_promises: list[str] = field(default_factory=list)   # resource promises of its stats (promises.py)
+    over_limit: str | None = None     # a limit of epmci's it broke (killed for it), named
+    left_running: int = 0             # processes of its session still running after it exited (killed)
 
     @property
     def ok(self) -> bool:
         return (self.returncode == 0 and not self.timed_out and self.launch_error is None
-                and not self.broken_promises)
+                and not self.broken_promises and not self.over_limit and not self.left_running)
 
     @property
     def slot_errors(self) -> list[str]:
@@ -95,6 +106,11 @@ class EngineRun:
         """Why the run did not succeed, in one line; None if it exited 0."""
         if self.launch_error:
             return f"engine could not be started: {self.launch_error}"
+        if self.over_limit:
+            return f"engine killed: {self.over_limit}"
+        if self.left_running:
+            return (f"engine exited (exit {self.returncode}) but left {self.left_running} process(es) of its own "
+                    f"running (killed): an engine run must end with everything it started")
         if self.timed_out:
             return f"engine timed out after {self.timeout:g} s (killed)"
         if self.returncode == 0:
@@ -199,23 +215,83 @@ def run_engine(cmd: EngineCommand, args: list[str], *, timeout: float, label: st
     key = id(p)
     with _running_lock:
         _running[key] = (label or shlex.join(argv[-3:]), t0)
+    captured = _Capture(p, int(cmd.max_output_mb * MiB))
     timed_out = False
     try:
-        out, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        _kill_group(p)
-        out, err = p.communicate()
+        # woken by the exit or by the output limit, whichever comes first
+        threading.Thread(target=lambda: (p.wait(), captured.wake.set()), daemon=True).start()
+        timed_out = not captured.wake.wait(timeout)
+        left = 0 if p.poll() is None else len(_session_pids(p.pid))
+        _kill_group(p)          # the engine if still going, and anything of its session left behind
+        p.wait()
     except BaseException:
         _kill_group(p)
-        p.communicate()
+        p.wait()
         raise
     finally:
+        out, err = captured.close()
         _reaped(p)
         with _running_lock:
             _running.pop(key, None)
+    over = (f"it wrote more than {cmd.max_output_mb:g} MiB to stdout and stderr (engine.max_output_mb)"
+            if captured.over.is_set() else None)
     return EngineRun(label, argv, extra, p.returncode, out, err.decode("utf-8", "replace"),
-                     time.perf_counter() - t0, timeout, timed_out)
+                     time.perf_counter() - t0, timeout, timed_out and not over, over_limit=over,
+                     left_running=0 if over or timed_out else left)
+
+
+class _Capture:
+    """An engine's stdout and stderr read by two threads into memory, together at most
+    `limit` bytes: past it `over` is set (the caller kills the engine) and the rest is
+    drained unkept, so an engine that floods its output cannot exhaust epmci's memory."""
+
+    def __init__(self, p: subprocess.Popen, limit: int):
+        self.limit, self.kept, self.over, self.wake = limit, 0, threading.Event(), threading.Event()
+        self.lock = threading.Lock()
+        self.bufs = [bytearray(), bytearray()]
+        self.streams = [p.stdout, p.stderr]
+        self.threads = [threading.Thread(target=self._drain, args=(i,), daemon=True) for i in (0, 1)]
+        for t in self.threads:
+            t.start()
+
+    def _drain(self, i: int) -> None:
+        try:
+            while chunk := self.streams[i].read1(1 << 16):
+                with self.lock:
+                    if self.kept + len(chunk) > self.limit:
+                        self.over.set()
+                        self.wake.set()
+                        continue
+                    self.kept += len(chunk)
+                    self.bufs[i] += chunk
+        except (OSError, ValueError):
+            pass
+
+    def close(self) -> tuple[bytes, bytes]:
+        """Wait for both readers (everything of the engine's session is killed by now, so
+        the pipes end), then the output kept. A pipe a process outside the session still
+        holds (a double fork into a new session) is left to its daemon reader: closing it
+        under a blocked read would block too."""
+        for t, s in zip(self.threads, self.streams):
+            t.join(5.0)
+            if not t.is_alive():
+                s.close()
+        with self.lock:
+            return bytes(self.bufs[0]), bytes(self.bufs[1])
+
+
+def _session_pids(sid: int) -> list[int]:
+    """Processes running in session `sid` (the engine's: it leads its own), zombies left
+    out; read from /proc (none where there is no /proc)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 4 and fields[0] != "Z" and int(fields[3]) == sid:
+            out.append(int(stat.parent.name))
+    return out
 
 
 class StartedEngine:
@@ -224,12 +300,29 @@ class StartedEngine:
     it over other descriptors (the pacing channel). `finish` waits for it; `kill` ends it
     and whatever it started."""
 
-    def __init__(self, label: str, argv: list[str], extra: dict[str, str], out: Path, timeout: float):
+    def __init__(self, label: str, argv: list[str], extra: dict[str, str], out: Path, timeout: float,
+                 max_output_mb: float = MAX_OUTPUT_MB):
         self.label, self.argv, self.extra, self.timeout = label, argv, extra, timeout
         self.stdout_path, self.stderr_path = out / "engine.stdout", out / "engine.stderr"
         self.proc: subprocess.Popen | None = None
         self.launch_error: str | None = None
+        self.max_output_mb, self.over_limit = max_output_mb, False
         self.t0 = time.perf_counter()
+
+    def watch(self) -> None:
+        """Kill the engine once its output files hold more than max_output_mb (polled: its
+        output goes to files, so a flood would fill the disk, not epmci's memory)."""
+        limit = self.max_output_mb * MiB
+
+        def run() -> None:
+            while self.proc is not None and self.proc.poll() is None:
+                size = sum(p.stat().st_size for p in (self.stdout_path, self.stderr_path) if p.exists())
+                if size > limit:
+                    self.over_limit = True
+                    self.kill()
+                    return
+                time.sleep(0.25)
+        threading.Thread(target=run, daemon=True).start()
 
     def poll(self) -> int | None:
         return self.proc.poll() if self.proc else None
@@ -257,11 +350,16 @@ class StartedEngine:
             self.proc.wait(timeout=max(0.0, timeout))
         except subprocess.TimeoutExpired:
             timed_out = True
-            self.kill()
+        left = 0 if timed_out or self.over_limit else len(_session_pids(self.proc.pid))
+        _kill_group(self.proc)
+        self.proc.wait()
         _reaped(self.proc)
-        out = self.stdout_path.read_bytes() if self.stdout_path.exists() else b""
-        return EngineRun(self.label, self.argv, self.extra, self.proc.returncode, out, self.stderr_text(),
-                         time.perf_counter() - self.t0, self.timeout, timed_out)
+        over = (f"it wrote more than {self.max_output_mb:g} MiB to stdout and stderr (engine.max_output_mb)"
+                if self.over_limit else None)
+        out = b"" if over else self.stdout_path.read_bytes() if self.stdout_path.exists() else b""
+        return EngineRun(self.label, self.argv, self.extra, self.proc.returncode, out,
+                         "" if over else self.stderr_text(), time.perf_counter() - self.t0, self.timeout,
+                         timed_out and not over, over_limit=over, left_running=left)
 
 
 def start_engine(cmd: EngineCommand, args: list[str], out: Path, *, timeout: float, label: str = "",
@@ -270,7 +368,7 @@ def start_engine(cmd: EngineCommand, args: list[str], out: Path, *, timeout: flo
     """Start `cmd args` as run_engine would, without waiting; `pass_fds` are inherited, and
     `cpus` (when given) are the only CPUs the engine and every thread it starts may run on."""
     argv, extra, full_env = _launch(cmd, args, env)
-    started = StartedEngine(label, argv, extra, Path(out), timeout)
+    started = StartedEngine(label, argv, extra, Path(out), timeout, cmd.max_output_mb)
     pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None   # in the child, before exec
     try:
         with open(started.stdout_path, "wb") as so, open(started.stderr_path, "wb") as se:
@@ -279,17 +377,25 @@ def start_engine(cmd: EngineCommand, args: list[str], out: Path, *, timeout: flo
                                                      pass_fds=pass_fds, preexec_fn=pin))
     except OSError as e:
         started.launch_error = f"{type(e).__name__}: {e}"
+    else:
+        started.watch()
     return started
 
 
 def _kill_group(p: subprocess.Popen) -> None:
-    """Kill the engine and whatever it started (it leads its own session)."""
+    """Kill the engine and whatever it started: its process group, and every process of its
+    session (it leads its own) that moved to another group."""
     try:
         os.killpg(p.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         try:
             p.kill()
         except ProcessLookupError:
+            pass
+    for pid in _session_pids(p.pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
             pass
 
 

@@ -151,7 +151,7 @@ def bench_matrix(cfg: CheckConfig, suite: str, only: str | None, repeat: int, n_
     mf = ModelFile(model)
     cfg, _ = for_model(cfg, mf)
     facts = ModelFacts.of(mf, cfg.run.slot_align, cfg.run.slot_windows)
-    engine = EngineCommand.from_setting(cfg.engine.cmd, cfg.engine.env)
+    engine = EngineCommand.of_settings(cfg.engine)
     fixed = dict(FIXED, threads=cfg.engine.threads)
     if n_predict is not None:
         fixed["n_predict"] = n_predict
