@@ -84,3 +84,16 @@ def test_the_output_limit_is_a_setting_with_its_default_in_the_report(tmp_path, 
     assert CheckConfig().engine.max_output_mb == MAX_OUTPUT_MB == 64
     from epmci.cli import main as epmci_main
     assert epmci_main(["check", "--set", "engine.max_output_mb=0"]) == 2
+
+
+def test_an_output_file_larger_than_any_run_writes_is_refused_unread(tmp_path):
+    """A 3 GiB logits file (sparse: no disk used) is a failure naming its size, read from
+    the file system's metadata, not into memory."""
+    from epmci.contract.outputs import ContractError, read_logits
+    big = tmp_path / "logits.bin"
+    with open(big, "wb") as f:
+        f.truncate(3 << 30)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(ContractError, match=r"3.0 GiB, more than any output of a run can be"):
+        read_logits(big)
+    assert (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) < 64 * 1024

@@ -22,6 +22,7 @@ PREFETCH_DUMP_MAGIC = b"EPMP"
 VERSION = 1
 MOE_DUMP_VERSION_SHARED = 2   # MoE dump records that carry the shared expert's output
 SLOT_ERROR_PREFIX = "[epm] SLOT-ERROR"
+MAX_FILE_BYTES = 2 << 30      # the largest engine output file epmci reads (see _read)
 # Every field of a stats record, in the contract's order (docs/engine-contract.md, Stats).
 # Branch events: how often each paging switch's own code path ran (exact counters).
 BRANCH_EVENTS = ("transient_reads", "pinned_hits", "prefetch_predictions", "prefetch_layers_ahead",
@@ -54,9 +55,16 @@ class ContractError(Exception):
 
 
 def _read(path: str | os.PathLike) -> bytes:
+    """An engine's output file, whole -- unless it is larger than any the contract lets a
+    run write (MAX_FILE_BYTES): a failure, not epmci's memory exhausted by one read."""
     p = Path(path)
     if not p.exists():
         raise ContractError(p, "missing (the engine did not write it)")
+    size = p.stat().st_size
+    if size > MAX_FILE_BYTES:
+        raise ContractError(p, f"{size / 2**30:.1f} GiB, more than any output of a run can be "
+                               f"({MAX_FILE_BYTES / 2**30:g} GiB: a full-context run's logits of a 248k vocabulary "
+                               f"are 0.5 GiB); not read")
     return p.read_bytes()
 
 
