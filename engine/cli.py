@@ -13,7 +13,7 @@ import os
 import sys
 import time
 
-from .contract_info import contract_info
+from .contract_info import KERNEL_PATHS, contract_info
 from .dumps import MoEDumpWriter, PrefetchDumpWriter, StateDumpWriter, write_atomic, write_logits
 from .gguf_model import ModelError
 from .token_file import read_tokens
@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--profile-out", help="write per-(layer, expert) routing counts")
     ap.add_argument("--selftest", metavar="L:E:N:OUT", help="run one expert through the paged path")
     ap.add_argument("--tokens-in", metavar="FILE", help="evaluate these tokens instead of -p/-n (teacher forcing)")
-    ap.add_argument("--kernels", choices=("auto", "portable", "avx2", "avx512"),
+    ap.add_argument("--kernels", choices=("auto", *KERNEL_PATHS),
                     help="product kernels, same bits on each (default: EPM_KERNELS, else auto: the fastest this CPU runs)")
     ap.add_argument("--pace-fds", metavar="R,W", help="hold each decode step for a byte on fd R, report it on fd W")
     return ap

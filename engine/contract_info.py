@@ -22,6 +22,11 @@ FEATURES = ("pager", "selftest", "moe_dump", "prefetch_dump", "state_dump", "pro
             "pacing", "reference_exact")
 
 
+# The matrix-product kernel paths it has (`--kernels P`; bit-identical on each); a path the CPU
+# cannot run is refused, exit 2, one line.
+KERNEL_PATHS = ("portable", "avx2", "avx512")
+
+
 def engine_version() -> str:
     try:
         return version("epmci")     # the distribution the bundled engine ships in
@@ -34,4 +39,5 @@ def contract_info() -> dict:
             "engine": {"name": NAME, "version": engine_version()},
             "architectures": list(ARCHS),
             "quant_types": [t.name for t in QTYPES.values()],
-            "features": list(FEATURES)}
+            "features": list(FEATURES),
+            "kernel_paths": list(KERNEL_PATHS)}

@@ -58,6 +58,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
+from .contract_info import KERNEL_PATHS
 from .kernel_parts import (LANES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES, ROWS_PER_ITEM, U, check_f32,
                            check_q8_0, f16, kquant_block_bytes, scale_min_k4, take_item, u8_pointer, work_counters)
 from .qtypes import F32, Q4_K, Q5_K, Q6_K, Q8_0, Q8_K, QK8_0, QK_K, qtype_info
@@ -72,7 +73,6 @@ from .qtypes import F32, Q4_K, Q5_K, Q6_K, Q8_0, Q8_K, QK8_0, QK_K, qtype_info
 # Q8_0 and F32 products are AVX2's; F32 with rows as vector lanes). All give the same bits; "auto" takes the fastest the CPU runs.
 # The SIMD module is imported, and each width compiled, only when chosen: on a CPU without
 # the extension its instructions do not exist.
-KERNEL_PATHS = ("portable", "avx2", "avx512")
 _path = {"name": "portable", "kquant": None, "q8_0": None, "f32": None}
 
 

@@ -59,6 +59,8 @@ def test_bundled_engine_declares_contract_2_and_its_features():
     ('{"contract": 2, "engine": {}, "architectures": [], "quant_types": [], "features": []}', "name"),
     ('{"contract": 2, "engine": {"name": "x"}, "architectures": "qwen3moe", "quant_types": [], "features": []}',
      "architectures"),
+    ('{"contract": 2, "engine": {"name": "x"}, "architectures": [], "quant_types": [], "features": [], '
+     '"kernel_paths": ["auto"]}', "kernel_paths"),
 ])
 def test_a_malformed_declaration_is_named(text, problem):
     with pytest.raises(ContractError, match=problem):

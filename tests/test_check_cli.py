@@ -59,7 +59,9 @@ def test_fast_check_passes_on_the_tiny_model(tmp_path, tiny_model, monkeypatch, 
                       "budget", "perf"}
     assert names[("build", "bundled engine (numba kernels)")]["status"] == "pass"
     # every expert quant mix and size of the tiny model (Q5_K and Q6_K down), both ends
-    assert {n for s, n in names if s == "kernel"} == {"L0 E0", "L0 E7", "L1 E0", "L1 E7", "L3 E0", "L3 E7"}
+    pairs = {"L0 E0", "L0 E7", "L1 E0", "L1 E7", "L3 E0", "L3 E7"}       # each on the default and every path
+    assert {n for s, n in names if s == "kernel"} == pairs | {f"{p} [{k}]" for p in pairs
+                                                              for k in ("portable", "avx2", "avx512")}
     assert {n for s, n in names if s == "layer"} == {"L0", "L1", "L2", "L3"}
     stress = [r for (s, _), r in names.items() if s == "prefetch-stress"]
     assert {r["properties"]["layout"] for r in stress} == {"mixed", "uniform"}
@@ -235,7 +237,7 @@ def test_no_arguments_uses_the_repo_config_and_ci_model(tmp_path, monkeypatch, c
     monkeypatch.chdir(REPO)
     js = tmp_path / "r.json"
     rc = epmci_main(["check", "-q", "--no-build", "--suites", "kernel", "--set", "kernel.pairs=[[7, 63]]",
-                     "--json", str(js)])
+                     "--set", "kernel.paths=[]", "--json", str(js)])
     rep = json.loads(js.read_text())
     assert rc == 0, rep
     assert rep["meta"]["config"] == str(REPO / "epmci.yaml")

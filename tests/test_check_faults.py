@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 
+from engine.kernels import available_paths
 from faults import broken_engine, results, run_check, statuses
 
 pytestmark = pytest.mark.usefixtures("built_engine")
@@ -34,12 +35,46 @@ def test_kernel_catches_wrong_q6k_scale(tmp_path, tiny_model):
     rc, rep = run_check(tmp_path, tiny_model, cmd, "--suites", "kernel",
                         "--set", "kernel.pairs=[[0, 0], [1, 7]]")
     assert rc == 1
-    st = statuses(rep, "kernel")
-    assert st == {"L0 E0": "pass", "L1 E7": "fail"}, st
-    bad = results(rep, "kernel")[1]
+    st = statuses(rep, "kernel")          # the default path and each declared one (all broken)
+    assert len(st) == 8 and {s for n, s in st.items() if n.startswith("L0 E0")} == {"pass"} and \
+        {s for n, s in st.items() if n.startswith("L1 E7")} == {"fail"}, st
+    bad = {r["name"]: r for r in results(rep, "kernel")}["L1 E7"]
     assert "Q6_K" in bad["message"] and "expert output differs from the reference" in bad["message"]
     assert "slot bytes" not in bad["message"]          # the bytes were right, the math was not
     assert bad["properties"]["max_abs_err"] > 0
+
+
+@pytest.mark.skipif(available_paths()[-1] == "portable", reason="needs a CPU with AVX2")
+def test_kernel_catches_a_fault_on_one_kernel_path_only(tmp_path, tiny_model):
+    """The 256-bit k-quant product (the avx2 path) 0.1 % off: the default path (the fastest
+    this CPU runs) and the others pass, every [avx2] result fails -- on a runner whose
+    default is avx512 only the declared paths can catch it."""
+    cmd = broken_engine(tmp_path, """
+        import engine.kernels_x86 as A
+        good = A.matmul_kquant
+        A.matmul_kquant = lambda *a: good(*a) * np.float32(1.001)
+    """)
+    rc, rep = run_check(tmp_path, tiny_model, cmd, "--suites", "kernel", "--set", "kernel.pairs=[[0, 0], [1, 7]]")
+    st = statuses(rep, "kernel")
+    failed = {n for n, s in st.items() if s == "fail"}
+    default_is_avx2 = available_paths()[-1] == "avx2"            # a CPU without AVX-512: auto takes avx2
+    assert rc == 1 and failed == {"L0 E0 [avx2]", "L1 E7 [avx2]"} | ({"L0 E0", "L1 E7"} if default_is_avx2 else set()), st
+    r = {r["name"]: r for r in results(rep, "kernel")}["L1 E7 [avx2]"]
+    assert r["properties"]["kernels"] == "avx2" and "--kernels avx2" in r["details"]
+
+
+@pytest.mark.skipif(available_paths()[-1] == "portable", reason="needs a CPU with AVX2")
+def test_a_kernel_path_this_cpu_cannot_run_is_a_skip(tmp_path, tiny_model):
+    cmd = broken_engine(tmp_path, """
+        import engine.kernels as K
+        K.available_paths = lambda: ("portable", "avx2")          # as on a CPU without AVX-512
+    """)
+    rc, rep = run_check(tmp_path, tiny_model, cmd, "--suites", "kernel", "--set", "kernel.pairs=[[0, 0]]")
+    st = statuses(rep, "kernel")
+    assert rc == 0 and st == {"L0 E0": "pass", "L0 E0 [portable]": "pass", "L0 E0 [avx2]": "pass",
+                              "L0 E0 [avx512]": "skip"}, st
+    r = {r["name"]: r for r in results(rep, "kernel")}["L0 E0 [avx512]"]
+    assert r["message"].startswith("this CPU cannot run kernel path avx512: ") and "--kernels" in r["message"]
 
 
 def test_kernel_catches_wrong_offset_in_paged_path(tmp_path, tiny_model):
@@ -55,7 +90,7 @@ def test_kernel_catches_wrong_offset_in_paged_path(tmp_path, tiny_model):
     assert rc == 1
     st = statuses(rep, "kernel")
     assert st["L3 E0"] == "pass" and st["L3 E7"] == "fail", st
-    msg = results(rep, "kernel")[1]["message"]
+    msg = {r["name"]: r for r in results(rep, "kernel")}["L3 E7"]["message"]
     assert "slot bytes differ from the file's expert bytes" in msg
     assert "holds the bytes of L3 E6" in msg
     e2e = results(rep, "e2e")
@@ -78,7 +113,8 @@ def test_kernel_names_a_part_read_a_page_off_by_comparison_not_by_a_crash(tmp_pa
             return r
         A.LayerLayout.ranges = ranges
     """)
-    rc, rep = run_check(tmp_path, tiny_model, cmd, "--suites", "kernel", "--set", "kernel.pairs=[[1, 1], [1, 2]]")
+    rc, rep = run_check(tmp_path, tiny_model, cmd, "--suites", "kernel", "--set", "kernel.pairs=[[1, 1], [1, 2]]",
+                        "--set", "kernel.paths=[]")
     st = statuses(rep, "kernel")
     assert rc == 1 and st == {"L1 E1": "pass", "L1 E2": "fail"}, st
     bad = results(rep, "kernel")[1]
@@ -212,7 +248,8 @@ def test_crashing_engine_fails_with_reason(tmp_path, tiny_model):
             print("about to die", file=sys.stderr, flush=True)
             import os; os.abort()
     """)
-    rc, rep = run_check(tmp_path, tiny_model, cmd, "--suites", "kernel", "--set", "kernel.pairs=[[0, 0]]")
+    rc, rep = run_check(tmp_path, tiny_model, cmd, "--suites", "kernel", "--set", "kernel.pairs=[[0, 0]]",
+                        "--set", "kernel.paths=[]")
     assert rc == 1
     (r,) = results(rep, "kernel")
     assert r["status"] == "fail"
@@ -228,7 +265,7 @@ def test_hanging_engine_times_out(tmp_path, tiny_model):
     """)
     t0 = __import__("time").perf_counter()
     rc, rep = run_check(tmp_path, tiny_model, cmd, "--suites", "kernel", "--set", "kernel.pairs=[[0, 0]]",
-                        "--timeout", "3")
+                        "--set", "kernel.paths=[]", "--timeout", "3")
     assert __import__("time").perf_counter() - t0 < 60
     assert rc == 1
     (r,) = results(rep, "kernel")
@@ -259,7 +296,7 @@ def test_engine_refusing_the_arena_is_reported(tmp_path, tiny_model):
     """An arena the engine refuses (exit 2) in every run is a setting that cannot work: the
     check fails with the engine's message, and epmci exits 2 (could not run), not 1."""
     rc, rep = run_check(tmp_path, tiny_model, None, "--no-build", "--suites", "kernel",
-                        "--set", "kernel.pairs=[[0, 0]]", "--arena-mb", "0.01")
+                        "--set", "kernel.pairs=[[0, 0]]", "--set", "kernel.paths=[]", "--arena-mb", "0.01")
     assert rc == 2 and "the engine refused every run (exit 2)" in rep["tool_error"] and "minimum" in rep["tool_error"]
     (r,) = results(rep, "kernel")
     assert r["status"] == "fail" and "engine refused to run (exit 2)" in r["message"] and "minimum" in r["message"]

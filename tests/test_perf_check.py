@@ -442,7 +442,7 @@ def test_golden_update_refuses_when_a_correctness_check_fails(tmp_path, tiny_mod
     gdir = tmp_path / "golden"
     rc = epmci_main(["golden", "update", "-q", "--no-build", "--model", str(tiny_model), "--profile", PROFILE,
                      "--reason", "should not be written", "--engine-cmd", cmd, "--set", f"perf.golden_dir={gdir}",
-                     "--set", "suites=[kernel]", "--set", "kernel.pairs=[[1, 7]]"])
+                     "--set", "suites=[kernel]", "--set", "kernel.pairs=[[1, 7]]", "--set", "kernel.paths=[]"])
     assert rc == 1
     err = capsys.readouterr().err
     assert "refusing to record baselines: 1 correctness check(s) failed" in err

@@ -141,7 +141,7 @@ def test_routed_expert_paging_fault_on_a_deltanet_layer(tmp_path, tiny35_model):
         import engine.paging.pager as P
         good = P.Pager._ranges
         P.Pager._ranges = lambda self, key, base, mem: good(self, (1, 6) if key == (1, 7) else key, base, mem)
-    """), "--suites", "kernel,layer", "--set", "kernel.pairs=[[1, 6], [1, 7], [2, 7]]")
+    """), "--suites", "kernel,layer", "--set", "kernel.pairs=[[1, 6], [1, 7], [2, 7]]", "--set", "kernel.paths=[]")
     assert rc == 1
     st = statuses(rep, "kernel")
     assert st == {"L1 E6": "pass", "L1 E7": "fail", "L2 E7": "pass"}, st

@@ -78,6 +78,7 @@ class ContractConfig:
 @dataclass
 class KernelConfig:
     pairs: str | list[list[int]] = "auto"  # auto, or [[layer, expert], ...]
+    paths: str | list[str] = "auto"   # kernel paths run besides the default: auto (every one the engine declares), or a list
     rows: int = 4
     tolerance: Tolerance = field(default_factory=Tolerance)
 

@@ -53,6 +53,9 @@ def validate(cfg: CheckConfig) -> None:
             raise InputError(w, f"kernel.pairs must be 'auto' or [[layer, expert], ...], got {cfg.kernel.pairs!r}")
     elif not cfg.kernel.pairs or any(len(p) != 2 for p in cfg.kernel.pairs):
         raise InputError(w, "kernel.pairs must be 'auto' or a non-empty list of [layer, expert]")
+    kp = cfg.kernel.paths
+    if kp != "auto" and (isinstance(kp, str) or not all(isinstance(x, str) and x for x in kp)):
+        raise InputError(w, f"kernel.paths must be 'auto' or a list of kernel path names, got {kp!r}")
     if isinstance(cfg.layer.layers, str):
         if cfg.layer.layers != "auto":
             raise InputError(w, f"layer.layers must be 'auto' or a list of layers, got {cfg.layer.layers!r}")

@@ -43,6 +43,7 @@ class Capabilities:
     features: frozenset[str]
     source: str                          # where this came from (--contract-info, epmci.yaml)
     raw: dict = field(default_factory=dict, compare=False)
+    kernel_paths: tuple[str, ...] = ()   # `--kernels P` values it has (optional key kernel_paths)
 
     def has(self, feature: str) -> bool:
         return feature in self.features
@@ -57,11 +58,11 @@ class Capabilities:
     def to_dict(self) -> dict:
         return {"contract": self.contract, "name": self.name, "version": self.version,
                 "architectures": list(self.architectures), "quant_types": list(self.quant_types),
-                "features": sorted(self.features), "source": self.source}
+                "features": sorted(self.features), "source": self.source, "kernel_paths": list(self.kernel_paths)}
 
     def with_features(self, features: list[str], why: str) -> "Capabilities":
         return Capabilities(self.contract, self.name, self.version, self.architectures, self.quant_types,
-                            frozenset(features), f"{self.source}, features from {why}", self.raw)
+                            frozenset(features), f"{self.source}, features from {why}", self.raw, self.kernel_paths)
 
 
 def parse_contract_info(text: str, where: str) -> Capabilities:
@@ -85,10 +86,13 @@ def parse_contract_info(text: str, where: str) -> Capabilities:
         if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
             raise ContractError(where, f"{INFO_FLAG}: `{key}` must be a list of strings, got {v!r}")
         lists[key] = v
+    paths = d.get("kernel_paths", [])
+    if not isinstance(paths, list) or not all(isinstance(x, str) and x.strip() and x != "auto" for x in paths):
+        raise ContractError(where, f"{INFO_FLAG}: `kernel_paths` must be a list of path names (not auto), got {paths!r}")
     version = eng.get("version")
     return Capabilities(contract, eng["name"].strip(), None if version is None else str(version),
                         tuple(lists["architectures"]), tuple(lists["quant_types"]),
-                        frozenset(lists["features"]), INFO_FLAG, d)
+                        frozenset(lists["features"]), INFO_FLAG, d, tuple(paths))
 
 
 def probe(engine: EngineCommand, timeout: float) -> tuple[Capabilities | None, str | None]:

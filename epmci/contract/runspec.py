@@ -108,7 +108,9 @@ def _env(spec: RunSpec, env: dict | None) -> dict:
 
 
 def selftest_args(model: str | os.PathLike, layer: int, expert: int, rows: int, out: Path, *,
-                  threads: int, ctx: int, batch: int, arena_mb: float) -> list[str]:
-    """--selftest L:E:N:OUT through the paged path, with the run's pager settings."""
+                  threads: int, ctx: int, batch: int, arena_mb: float, kernels: str | None = None) -> list[str]:
+    """--selftest L:E:N:OUT through the paged path, with the run's pager settings (and a
+    declared kernel path: `--kernels P`)."""
     return ["-m", str(model), "-t", str(threads), "-c", str(ctx), "-b", str(batch),
-            "--arena-mb", arena_flag(arena_mb), "--selftest", f"{layer}:{expert}:{rows}:{out}"]
+            "--arena-mb", arena_flag(arena_mb), "--selftest", f"{layer}:{expert}:{rows}:{out}",
+            *(["--kernels", kernels] if kernels else [])]

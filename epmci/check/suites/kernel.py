@@ -1,6 +1,9 @@
 """Layer 1, kernel: one expert through the engine's paged path (--selftest) vs the reference
 expert forward, for (layer, expert) pairs covering every expert quant-type combination,
-every expert size, the first and last layer, and experts at both ends of the tensor.
+every expert size, the first and last layer, and experts at both ends of the tensor; on the
+engine's default kernels and again on every kernel path it declares (`kernel_paths`,
+`--kernels P`), so a fault on a path the default does not take is caught on the runner (a
+path this CPU cannot run is a SKIP with the engine's line).
 
 Catches: a wrong dequantization or dot product for one quant type (e.g. a Q6_K scale), an
 expert read from the wrong offset or with the wrong length (the slot's sha256 is compared
@@ -16,7 +19,7 @@ from ...contract.outputs import ContractError, read_selftest
 from ...gguf.facts import ModelFacts
 from ...reference.moe import expert_forward
 from ..context import CheckContext
-from ..result import FAIL, PASS, CheckResult
+from ..result import FAIL, PASS, SKIP, CheckResult
 from .base import Task, run_failed
 
 NAME = "kernel"
@@ -47,31 +50,44 @@ class KernelSuite:
         p = ctx.cfg.kernel.pairs
         return auto_pairs(ctx.facts) if isinstance(p, str) else [tuple(x) for x in p]
 
+    @staticmethod
+    def paths(ctx: CheckContext) -> list[str]:
+        """kernel.paths: auto = every path the engine declares; a list is taken as is (a
+        name the engine does not have is its refusal, a failure)."""
+        p = ctx.cfg.kernel.paths
+        return list(ctx.caps.kernel_paths) if p == "auto" else list(p)
+
     def plan(self, ctx: CheckContext) -> list[Task | CheckResult]:
         out: list[Task | CheckResult] = []
         for il, e in self.pairs(ctx):
-            name = f"L{il} E{e}"
             if not (0 <= il < ctx.facts.n_layer and 0 <= e < ctx.facts.n_expert):
-                out.append(CheckResult(NAME, name, FAIL, f"kernel.pairs: ({il}, {e}) is not in the model "
+                out.append(CheckResult(NAME, f"L{il} E{e}", FAIL, f"kernel.pairs: ({il}, {e}) is not in the model "
                                        f"({ctx.facts.n_layer} layers x {ctx.facts.n_expert} experts)"))
                 continue
-            out.append(Task(NAME, name, lambda il=il, e=e, name=name: [self.check(ctx, il, e, name)],
-                            names=[name], cost=1.0))
+            for path in (None, *self.paths(ctx)):            # the engine's default, then the other paths
+                name = f"L{il} E{e}" + (f" [{path}]" if path else "")
+                out.append(Task(NAME, name, lambda il=il, e=e, name=name, path=path:
+                                [self.check(ctx, il, e, name, path)], names=[name], cost=1.0))
         return out
 
-    def check(self, ctx: CheckContext, il: int, e: int, name: str) -> CheckResult:
+    def check(self, ctx: CheckContext, il: int, e: int, name: str, path: str | None = None) -> CheckResult:
         rows = ctx.cfg.kernel.rows
         tol = ctx.cfg.kernel.tolerance
-        d = ctx.dir(f"kernel-L{il}-E{e}")
+        d = ctx.dir(f"kernel-L{il}-E{e}" + (f"-{path}" if path else ""))
         out = d / "selftest.bin"
-        run = ctx.run_selftest(f"kernel {name}", il, e, rows, out)
+        run = ctx.run_selftest(f"kernel {name}", il, e, rows, out, kernels=path)
+        if path and run.returncode == 2 and not run.timed_out and "--kernels" in run.stderr:
+            return CheckResult(NAME, name, SKIP, f"this CPU cannot run kernel path {path}: "
+                                                 f"{run.failure().split(': ', 1)[1]}", {"kernels": path,
+                                                 "skipped_by": "cpu"}, run.seconds)
         if not run.ok:
             return run_failed(NAME, [name], run)[0]
         t0 = time.perf_counter()
         facts = ctx.facts
         where = f"L{il} E{e} ({facts.describe_layer(il)})"
         props = {"layer": il, "expert": e, "expert_types": "/".join(facts.types[il]),
-                 "expert_bytes": facts.expert_bytes[il], "rows": rows, "atol": tol.atol, "rtol": tol.rtol}
+                 "expert_bytes": facts.expert_bytes[il], "rows": rows, "atol": tol.atol, "rtol": tol.rtol,
+                 "kernels": path or "default"}
 
         def result(status: str, msg: str) -> CheckResult:
             return CheckResult(NAME, name, status, msg, props, run.seconds + time.perf_counter() - t0,
