@@ -62,7 +62,8 @@ def test_fast_check_passes_on_the_tiny_model(tmp_path, tiny_model, monkeypatch, 
     pairs = {"L0 E0", "L0 E7", "L1 E0", "L1 E7", "L3 E0", "L3 E7"}       # each on the default and every path
     assert {n for s, n in names if s == "kernel"} == pairs | {f"{p} [{k}]" for p in pairs
                                                               for k in ("portable", "avx2", "avx512")}
-    assert {n for s, n in names if s == "layer"} == {"L0", "L1", "L2", "L3"}
+    assert {n for s, n in names if s == "layer"} == {f"L{il}{k}" for il in range(4)
+                                                     for k in ("", " [portable]", " [avx2]", " [avx512]")}
     stress = [r for (s, _), r in names.items() if s == "prefetch-stress"]
     assert {r["properties"]["layout"] for r in stress} == {"mixed", "uniform"}
     head = names[("prefetch-stress", "mixed run")]["properties"]

@@ -54,11 +54,14 @@ def test_kernel_catches_a_fault_on_one_kernel_path_only(tmp_path, tiny_model):
         good = A.matmul_kquant
         A.matmul_kquant = lambda *a: good(*a) * np.float32(1.001)
     """)
-    rc, rep = run_check(tmp_path, tiny_model, cmd, "--suites", "kernel", "--set", "kernel.pairs=[[0, 0], [1, 7]]")
+    rc, rep = run_check(tmp_path, tiny_model, cmd, "--suites", "kernel,layer", "--set", "kernel.pairs=[[0, 0], [1, 7]]")
     st = statuses(rep, "kernel")
     failed = {n for n, s in st.items() if s == "fail"}
     default_is_avx2 = available_paths()[-1] == "avx2"            # a CPU without AVX-512: auto takes avx2
     assert rc == 1 and failed == {"L0 E0 [avx2]", "L1 E7 [avx2]"} | ({"L0 E0", "L1 E7"} if default_is_avx2 else set()), st
+    layer = statuses(rep, "layer")                 # whole layers of a real prompt on each path, too
+    assert {n for n, s in layer.items() if s == "fail"} == {n for n in layer if n.endswith("[avx2]") or
+                                                             default_is_avx2 and "[" not in n}, layer
     r = {r["name"]: r for r in results(rep, "kernel")}["L1 E7 [avx2]"]
     assert r["properties"]["kernels"] == "avx2" and "--kernels avx2" in r["details"]
 
@@ -282,7 +285,7 @@ def test_missing_dump_and_slot_error_fail(tmp_path, tiny_model):
             print("[epm] SLOT-ERROR slot 3 holds (1, 2), computed as (1, 5)", file=sys.stderr)
     """)
     rc, rep = run_check(tmp_path, tiny_model, cmd, "--suites", "layer,prefetch-stress",
-                        "--set", "prefetch_stress.layouts=[uniform]", "--layers", "0")
+                        "--set", "prefetch_stress.layouts=[uniform]", "--layers", "0", "--set", "kernel.paths=[]")
     assert rc == 1
     (r,) = results(rep, "layer")
     assert r["status"] == "fail" and "MoE dump unusable" in r["message"] and "missing" in r["message"]

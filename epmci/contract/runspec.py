@@ -42,6 +42,7 @@ class RunSpec:
     temp: float = 0.0                    # --temp (0: greedy)
     seed: int = 0                        # --seed
     dump_logits: bool = True             # False: no logits file (benchmarks time decode only)
+    kernels: str | None = None           # --kernels NAME: a kernel path the engine declares (None: its default)
 
     def args(self, model: str | os.PathLike, out: Path, pager_flags: bool = True,
              pace_fds: tuple[int, int] | None = None) -> list[str]:
@@ -54,6 +55,8 @@ class RunSpec:
             a += ["--dump-logits", "--logits-out", str(out / LOGITS_FILE)]
         if pace_fds is not None:
             a += ["--pace-fds", f"{pace_fds[0]},{pace_fds[1]}"]
+        if self.kernels:
+            a += ["--kernels", self.kernels]
         if not pager_flags:
             return a
         if not self.pager:

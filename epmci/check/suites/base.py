@@ -13,7 +13,7 @@ from typing import Callable, Protocol
 
 from ...contract.process import EngineRun
 from ..context import CheckContext
-from ..result import FAIL, CheckResult
+from ..result import FAIL, SKIP, CheckResult
 
 
 @dataclass
@@ -51,3 +51,23 @@ def run_failed(suite: str, names: list[str], run: EngineRun | None, what: str = 
     props = {"returncode": run.returncode, "timed_out": run.timed_out, "run_seconds": round(run.seconds, 3)}
     return [CheckResult(suite, n, FAIL, f"{what}{reason}", dict(props), run.seconds,
                         run.stderr_tail(), f"command: {run.command_line()}") for n in names]
+
+
+def kernel_paths(ctx: CheckContext) -> list[str | None]:
+    """The kernel paths a suite runs: None (the engine's default), then kernel.paths -- auto:
+    every one the engine declares (`kernel_paths`); a list as it is."""
+    p = ctx.cfg.kernel.paths
+    return [None, *(ctx.caps.kernel_paths if p == "auto" else p)]
+
+
+def path_suffix(path: str | None) -> str:
+    return f" [{path}]" if path else ""
+
+
+def path_refused(suite: str, names: list[str], run: EngineRun, path: str | None) -> list[CheckResult] | None:
+    """A declared kernel path this CPU cannot run: the engine refused --kernels (exit 2),
+    each result a SKIP with its line; None when that is not what happened."""
+    if not path or run.returncode != 2 or run.timed_out or "--kernels" not in run.stderr:
+        return None
+    why = f"this CPU cannot run kernel path {path}: {(run.failure() or '').split(': ', 1)[-1]}"
+    return [CheckResult(suite, n, SKIP, why, {"kernels": path, "skipped_by": "cpu"}, run.seconds) for n in names]

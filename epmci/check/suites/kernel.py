@@ -19,8 +19,8 @@ from ...contract.outputs import ContractError, read_selftest
 from ...gguf.facts import ModelFacts
 from ...reference.moe import expert_forward
 from ..context import CheckContext
-from ..result import FAIL, PASS, SKIP, CheckResult
-from .base import Task, run_failed
+from ..result import FAIL, PASS, CheckResult
+from .base import Task, kernel_paths, path_refused, path_suffix, run_failed
 
 NAME = "kernel"
 
@@ -50,13 +50,6 @@ class KernelSuite:
         p = ctx.cfg.kernel.pairs
         return auto_pairs(ctx.facts) if isinstance(p, str) else [tuple(x) for x in p]
 
-    @staticmethod
-    def paths(ctx: CheckContext) -> list[str]:
-        """kernel.paths: auto = every path the engine declares; a list is taken as is (a
-        name the engine does not have is its refusal, a failure)."""
-        p = ctx.cfg.kernel.paths
-        return list(ctx.caps.kernel_paths) if p == "auto" else list(p)
-
     def plan(self, ctx: CheckContext) -> list[Task | CheckResult]:
         out: list[Task | CheckResult] = []
         for il, e in self.pairs(ctx):
@@ -64,8 +57,8 @@ class KernelSuite:
                 out.append(CheckResult(NAME, f"L{il} E{e}", FAIL, f"kernel.pairs: ({il}, {e}) is not in the model "
                                        f"({ctx.facts.n_layer} layers x {ctx.facts.n_expert} experts)"))
                 continue
-            for path in (None, *self.paths(ctx)):            # the engine's default, then the other paths
-                name = f"L{il} E{e}" + (f" [{path}]" if path else "")
+            for path in kernel_paths(ctx):
+                name = f"L{il} E{e}{path_suffix(path)}"
                 out.append(Task(NAME, name, lambda il=il, e=e, name=name, path=path:
                                 [self.check(ctx, il, e, name, path)], names=[name], cost=1.0))
         return out
@@ -76,10 +69,9 @@ class KernelSuite:
         d = ctx.dir(f"kernel-L{il}-E{e}" + (f"-{path}" if path else ""))
         out = d / "selftest.bin"
         run = ctx.run_selftest(f"kernel {name}", il, e, rows, out, kernels=path)
-        if path and run.returncode == 2 and not run.timed_out and "--kernels" in run.stderr:
-            return CheckResult(NAME, name, SKIP, f"this CPU cannot run kernel path {path}: "
-                                                 f"{run.failure().split(': ', 1)[1]}", {"kernels": path,
-                                                 "skipped_by": "cpu"}, run.seconds)
+        skipped = path_refused(NAME, [name], run, path)
+        if skipped:
+            return skipped[0]
         if not run.ok:
             return run_failed(NAME, [name], run)[0]
         t0 = time.perf_counter()

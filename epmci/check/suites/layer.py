@@ -1,6 +1,9 @@
 """Layer 2, layer: a real multi-token prompt with SDQ_MOE_DUMP (demand paging, prefetch
 off); for the first, middle and last layer and every layer whose expert size differs from a
-neighbour's, the reference recomputes routing and output from the dumped input.
+neighbour's, the reference recomputes routing and output from the dumped input. One run on
+the engine's default kernels and one on every kernel path it declares (kernel.paths; a path
+this CPU cannot run is a SKIP), so a path the default does not take is checked in a real
+forward too.
 
 Catches what a single expert cannot: multi-token micro-batches, routing and its weights,
 the weighted sum, and paging faults in the engine's real forward (a wrong offset for some
@@ -15,7 +18,7 @@ from ...gguf.facts import ModelFacts
 from ..context import CheckContext
 from ..moe_check import check_dump
 from ..result import FAIL, CheckResult
-from .base import Task, run_failed
+from .base import Task, kernel_paths, path_refused, path_suffix, run_failed
 
 NAME = "layer"
 
@@ -71,17 +74,24 @@ class LayerSuite:
         if bad:
             return [CheckResult(NAME, f"L{l}", FAIL, f"layer.layers: layer {l} is not in the model "
                                 f"({ctx.facts.n_layer} layers)") for l in bad]
-        names = {il: f"L{il}" for il in layers}
-        return [Task(NAME, "layer dump", lambda: self.check(ctx, names), names=list(names.values()),
-                     cost=1.5)]
+        tasks = []
+        for path in kernel_paths(ctx):          # the engine's default kernels, then each declared path
+            names = {il: f"L{il}{path_suffix(path)}" for il in layers}
+            tasks.append(Task(NAME, f"layer dump{path_suffix(path)}", lambda names=names, path=path:
+                              self.check(ctx, names, path), names=list(names.values()), cost=1.5))
+        return tasks
 
-    def check(self, ctx: CheckContext, names: dict[int, str]) -> list[CheckResult]:
-        out = ctx.dir("layer")
+    def check(self, ctx: CheckContext, names: dict[int, str], path: str | None = None) -> list[CheckResult]:
+        out = ctx.dir("layer" + (f"-{path}" if path else ""))
         spec = ctx.spec(ctx.cfg.prompts.layer, n_predict=ctx.cfg.run.n_predict, prefetch=False)
+        spec.kernels = path
         env = {"SDQ_MOE_DUMP": str(out / "moe")}
         if ctx.engine.has("pager"):
             env["SDQ_PREFETCH"] = "0"
-        run = ctx.run("layer", spec, out, env=env)
+        run = ctx.run(f"layer{path_suffix(path)}", spec, out, env=env)
+        skipped = path_refused(NAME, list(names.values()), run, path)
+        if skipped:
+            return skipped
         if not run.ok:
             return run_failed(NAME, list(names.values()), run)
         rows, err = evaluated_rows(out)
