@@ -355,3 +355,12 @@ def test_a_refused_build_is_the_engines_unless_the_user_set_what_it_refuses(tiny
     assert changed_engine_settings(cfg) == ["run.arena_mb=0.01"] and not engine_at_fault(refused, cfg, engine, mf)
     assert not engine_at_fault(BuildResult(False, "x", "not found", cannot_start=True), for_model(CheckConfig(), mf)[0],
                                engine, mf)
+
+
+def test_the_replay_takes_the_settings_engine_env_gives_every_run(tmp_path, tiny_model):
+    """engine.env's SDQ_* values reach every run under the run's own: the replay of the
+    default-settings run uses them too, so a correct engine passes with a small queue set there."""
+    rc, rep = run_check(tmp_path, tiny_model, None, "--no-build", "--suites", "determinism", "--set",
+                        "engine.env={SDQ_PREFETCH_QUEUE: '1', SDQ_PREFETCH_STALE_TOKENS: '0'}")
+    r = {r["name"]: r for r in results(rep, "determinism")}["default settings: counters replayed"]
+    assert rc == 0 and r["status"] == "pass", r["message"]

@@ -97,3 +97,19 @@ def test_an_output_file_larger_than_any_run_writes_is_refused_unread(tmp_path):
     with pytest.raises(ContractError, match=r"3.0 GiB, more than any output of a run can be"):
         read_logits(big)
     assert (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) < 64 * 1024
+
+
+@pytest.mark.parametrize("behaviour", ["floods stdout", "leaves a child running"])
+def test_a_started_engine_is_held_to_the_same_limits(tmp_path, behaviour):
+    """The paced runs' engines (start_engine: output to files, epmci talking to them over
+    other descriptors) are bounded the same way: a flood is killed at the limit, a child
+    left running fails the run and is killed."""
+    from epmci.contract.process import EngineCommand, start_engine
+    body, says = HOSTILE[behaviour]
+    script = tmp_path / "e.py"
+    script.write_text("import sys\n" + textwrap.dedent(body))
+    engine = EngineCommand((sys.executable, str(script)), False, max_output_mb=8)
+    run = start_engine(engine, [], tmp_path, timeout=60).finish(60)
+    assert not run.ok and says in run.failure(), run.failure()
+    assert (tmp_path / "engine.stdout").stat().st_size < (8 << 20) * 40     # killed long before 2 GiB
+    assert left_running() == []

@@ -41,9 +41,10 @@ class CacheSetup:
     pins: tuple[Key, ...] = field(default=())
 
     @classmethod
-    def of(cls, env: dict[str, str], batch: int, prefetch: bool = True, pins=()) -> "CacheSetup":
-        """From a run's SDQ_* environment (unset: the contract's defaults) and --no-prefetch."""
-        v = {**DEFAULTS, **{k: s for k, s in env.items() if s.strip()}}
+    def of(cls, ctx: CheckContext, env: dict[str, str], batch: int, prefetch: bool = True, pins=()) -> "CacheSetup":
+        """From a run's SDQ_* environment -- engine.env under the run's own, as the run gets
+        them; unset: the contract's defaults -- and --no-prefetch."""
+        v = {**DEFAULTS, **{k: s for k, s in {**dict(ctx.engine.env), **env}.items() if s.strip()}}
         on = prefetch and v["SDQ_PREFETCH"] == "1"
         pf = Prefetch(int(v["SDQ_PREFETCH_LAYER_AHEAD"]), int(v["SDQ_PREFETCH_QUEUE"]),
                       int(v["SDQ_PREFETCH_STALE_TOKENS"])) if on else None

@@ -218,10 +218,9 @@ def run_engine(cmd: EngineCommand, args: list[str], *, timeout: float, label: st
     captured = _Capture(p, int(cmd.max_output_mb * MiB))
     timed_out = False
     try:
-        # woken by the exit or by the output limit, whichever comes first
-        threading.Thread(target=lambda: (p.wait(), captured.wake.set()), daemon=True).start()
+        exited = _exit_event(p, captured.wake)     # woken by the exit or the output limit, first come
         timed_out = not captured.wake.wait(timeout)
-        left = 0 if p.poll() is None else len(_session_pids(p.pid))
+        left = len(_session_pids(p.pid)) if exited.is_set() else 0
         _kill_group(p)          # the engine if still going, and anything of its session left behind
         p.wait()
     except BaseException:
@@ -280,6 +279,24 @@ class _Capture:
             return bytes(self.bufs[0]), bytes(self.bufs[1])
 
 
+def _exit_event(p: subprocess.Popen, *also: threading.Event) -> threading.Event:
+    """An event set (with `also`) once p has exited, without reaping it (waitid WNOWAIT):
+    until p.wait() reaps it, its pid -- and so its session's id -- cannot go to another
+    process, so what _session_pids finds after the exit is the engine's own, never a
+    process of a run started meanwhile that was given the recycled pid."""
+    done = threading.Event()
+
+    def wait() -> None:
+        try:
+            os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOWAIT)
+        except ChildProcessError:     # reaped already (kill_all)
+            pass
+        for e in (done, *also):
+            e.set()
+    threading.Thread(target=wait, daemon=True).start()
+    return done
+
+
 def _session_pids(sid: int) -> list[int]:
     """Processes running in session `sid` (the engine's: it leads its own), zombies left
     out; read from /proc (none where there is no /proc)."""
@@ -307,24 +324,27 @@ class StartedEngine:
         self.proc: subprocess.Popen | None = None
         self.launch_error: str | None = None
         self.max_output_mb, self.over_limit = max_output_mb, False
+        self.exited = threading.Event()       # set at the exit, before the engine is reaped
         self.t0 = time.perf_counter()
 
     def watch(self) -> None:
-        """Kill the engine once its output files hold more than max_output_mb (polled: its
-        output goes to files, so a flood would fill the disk, not epmci's memory)."""
-        limit = self.max_output_mb * MiB
-
+        """Kill the engine once its output files hold more than max_output_mb (polled every
+        50 ms: its output goes to files, so a flood would fill the disk, not epmci's memory)."""
         def run() -> None:
-            while self.proc is not None and self.proc.poll() is None:
-                size = sum(p.stat().st_size for p in (self.stdout_path, self.stderr_path) if p.exists())
-                if size > limit:
-                    self.over_limit = True
-                    self.kill()
+            while not self.exited.wait(0.05):
+                if self._output_over():
+                    _kill_group(self.proc)      # finish() reaps it
                     return
-                time.sleep(0.25)
+        self.exited = _exit_event(self.proc)
         threading.Thread(target=run, daemon=True).start()
 
+    def _output_over(self) -> bool:
+        size = sum(p.stat().st_size for p in (self.stdout_path, self.stderr_path) if p.exists())
+        self.over_limit = self.over_limit or size > self.max_output_mb * MiB
+        return self.over_limit
+
     def poll(self) -> int | None:
+        """Its exit code once it has exited (reaping it: call after finish or kill)."""
         return self.proc.poll() if self.proc else None
 
     def kill(self) -> None:
@@ -345,11 +365,8 @@ class StartedEngine:
         if self.proc is None:
             return EngineRun(self.label, self.argv, self.extra, None, b"", "", 0.0, self.timeout,
                              launch_error=self.launch_error)
-        timed_out = False
-        try:
-            self.proc.wait(timeout=max(0.0, timeout))
-        except subprocess.TimeoutExpired:
-            timed_out = True
+        timed_out = not self.exited.wait(max(0.0, timeout))
+        self._output_over()                 # also a flood that ended between two polls
         left = 0 if timed_out or self.over_limit else len(_session_pids(self.proc.pid))
         _kill_group(self.proc)
         self.proc.wait()

@@ -290,7 +290,7 @@ class SwitchesSuite:
         env = self.env(ctx, r)
         exact_reads = env.get("SDQ_DIRECT_IO") == "0"
         facts = ctx.facts if not exact_reads else type(ctx.facts).of(ctx.mf, ctx.cfg.run.slot_align, windows=False)
-        setup = CacheSetup.of(env, self.batch(ctx, r), r.prefetch, self._pins(ctx, r))
+        setup = CacheSetup.of(ctx, env, self.batch(ctx, r), r.prefetch, self._pins(ctx, r))
         problems = counter_problems(ctx, out, stats, setup, props, facts)
         if r.expect == "like-default":
             default_run, ddir, _ = self._default(ctx)
