@@ -16,6 +16,7 @@ import time
 from .contract_info import KERNEL_PATHS, contract_info
 from .dumps import MoEDumpWriter, PrefetchDumpWriter, StateDumpWriter, write_atomic, write_logits
 from .gguf_model import ModelError
+from .machine import usable_cpus
 from .token_file import read_tokens
 
 PROG = "epm-engine"
@@ -37,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("-p", "--prompt")
     ap.add_argument("-n", "--n-predict", type=int, help=f"tokens to generate (default {N_PREDICT})")
     ap.add_argument("-c", "--ctx-size", type=int, default=512)
-    ap.add_argument("-t", "--threads", type=int, default=1)
+    ap.add_argument("-t", "--threads", type=int,
+                    help="compute threads (default: the CPUs this process may use, engine/machine.py)")
     ap.add_argument("-b", "--batch-size", type=int, default=32, help="prefill micro-batch")
     ap.add_argument("--temp", type=float, default=0.0)
     ap.add_argument("--seed", type=int, default=0)
@@ -133,6 +135,9 @@ def run(a: argparse.Namespace) -> int:
         raise ModelError("--tokens-in: the tokens are given, so -p and -n do not apply")
     if a.n_predict is None:
         a.n_predict = N_PREDICT
+    threads_auto = a.threads is None
+    if threads_auto:
+        a.threads = usable_cpus()
     for name in ("n_predict", "ctx_size", "threads", "batch_size"):
         if getattr(a, name) < (0 if name == "n_predict" else 1):
             raise ModelError(f"--{name.replace('_', '-')}: must be positive, got {getattr(a, name)}")
@@ -177,12 +182,24 @@ def run(a: argparse.Namespace) -> int:
                     f.write(json.dumps(r) + "\n")
         if a.profile_out:
             write_atomic(a.profile_out, engine.experts.profile_text().encode())
+        _say_what_was_picked(engine, a, threads_auto)   # after the run: an error stays the one line
         for r in records:
             print(f"[epm] {r['phase']}: {r['tokens']} tok / {r['seconds']:.3f}s = {r['tok_s']:.2f} tok/s",
                   file=sys.stderr)
     finally:
         engine.close()
     return 0
+
+
+def _say_what_was_picked(engine, a: argparse.Namespace, threads_auto: bool) -> None:
+    """One stderr line for the sizes the engine chose itself (no -t, no --ram-budget-mb)."""
+    picked = [f"{a.threads} threads (the CPUs this process may use)"] if threads_auto else []
+    pager = engine.experts if engine.options.pager else None
+    if pager is not None and a.ram_budget_mb is None:
+        picked.append(f"RAM budget {pager.budget_mb:,.0f} MiB ({pager.budget_source}), "
+                      f"arena {pager.plan.total_bytes / 2**20:,.1f} MiB")
+    if picked:
+        print("[epm] picked: " + "; ".join(picked), file=sys.stderr)
 
 
 def generated(engine, a: argparse.Namespace, pacer: "Pacer | None"):

@@ -51,9 +51,9 @@ def test_a_refusal_that_is_not_one_line_fails(tmp_path, tiny_model):
     rc, st, res = budget_check(tmp_path, tiny_model, """
         import engine.paging.budget as B
         good = B.check
-        def check(budget_mb, parts):
+        def check(budget_mb, parts, named=None):
             try:
-                good(budget_mb, parts)
+                good(budget_mb, parts, named)
             except Exception as e:
                 print("budget report:", parts, file=sys.stderr)
                 raise

@@ -540,6 +540,50 @@ def test_cli_default_arena_shrinks_to_fit_the_budget(ci, sizes, resident, tmp_pa
     assert re.search(r"needs [\d.]+ MiB \(resident weights [\d.]+ \+ arena [\d.]+ \+", line), line
 
 
+# The engine as `python -m engine`, on a machine whose memory is LIMIT_MIB (its
+# engine.machine.memory_limit wrapped: the cgroup files cannot be faked for a subprocess).
+ON_A_SMALLER_MACHINE = """
+import sys
+import engine.machine
+engine.machine.memory_limit = lambda: (int(float(sys.argv[1]) * 2**20), "its cgroup's memory limit")
+from engine.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def cli_with_memory(limit_mib: float, args, cwd):
+    return subprocess.run([sys.executable, "-c", ON_A_SMALLER_MACHINE, str(limit_mib), *args],
+                          capture_output=True, text=True, cwd=cwd, timeout=300)
+
+
+def test_cli_sizes_itself_from_the_memory_it_has(ci, sizes, resident, tmp_path):
+    """Without --ram-budget-mb the budget is the memory the engine has (its cgroup's limit,
+    else MemTotal): the default arena gives way to it with the same logits, the sizes it
+    picked are said on stderr, and a machine too small even for the minimum arena is one
+    line naming that memory."""
+    base = ["-m", ci, "-p", PROMPT, "--no-chat", "-n", str(N_PREDICT), "-c", str(N_CTX), "-b", str(BATCH)]
+    base += ["--dump-logits", "--logits-out", str(tmp_path / "l.bin")]
+    stats = tmp_path / "free.jsonl"
+    p = cli(base + ["--stats-file", str(stats)], cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert re.search(r"\[epm\] picked: \d+ threads .*RAM budget [\d,]+ MiB \((its cgroup's memory limit|the "
+                     r"machine's MemTotal)\), arena", p.stderr), p.stderr
+    free = json.loads(stats.read_text().splitlines()[0])
+    assert free["arena_mb"] >= 0.25 * sizes["total_mib"] - 1
+    limit = round(free["ram_need_mb"] - 0.3 * free["arena_mb"])
+    stats = tmp_path / "small.jsonl"
+    p = cli_with_memory(limit, base + ["--stats-file", str(stats), "-t", "1"], cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    rec = json.loads(stats.read_text().splitlines()[0])
+    assert sizes["min_mib"] <= rec["arena_mb"] < free["arena_mb"] and rec["ram_need_mb"] <= limit
+    assert f"RAM budget {limit:,} MiB (its cgroup's memory limit)" in p.stderr and "threads" not in p.stderr
+    assert (tmp_path / "l.bin").read_bytes()[4:] == resident.logits.astype("<f4").tobytes()
+    too_small = round(free["ram_need_mb"] - free["arena_mb"])
+    line = _one_line_error(cli_with_memory(too_small, base, cwd=tmp_path))
+    assert f"the engine's memory, {too_small:,} MiB (its cgroup's memory limit; --ram-budget-mb sets another): " \
+           "needs" in line, line
+
+
 def test_logits_are_kept_only_when_asked(ci, resident, tmp_path):
     """Without --dump-logits the engine computes and keeps only the logits sampling needs
     (at a 248k-token vocabulary a prompt's logits are gigabytes): the same tokens, and a

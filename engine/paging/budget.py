@@ -44,9 +44,11 @@ def breakdown(gm: GGUFModel, arena_bytes: int, kv_bytes: int, batch: int, n_ctx:
     }
 
 
-def check(budget_mb: float, parts: dict[str, int]) -> None:
-    """ModelError unless the parts fit in budget_mb MiB."""
+def check(budget_mb: float, parts: dict[str, int], named: str | None = None) -> None:
+    """ModelError unless the parts fit in budget_mb MiB; `named` says whose budget it is
+    when the user gave none (default: --ram-budget-mb)."""
     total = sum(parts.values())
     if total > budget_mb * MiB:
         detail = " + ".join(f"{k} {v / MiB:.1f}" for k, v in parts.items())
-        raise ModelError(f"--ram-budget-mb {budget_mb:g}: needs {total / MiB:.1f} MiB ({detail} MiB)")
+        who = named or f"--ram-budget-mb {budget_mb:g}"
+        raise ModelError(f"{who}: needs {total / MiB:.1f} MiB ({detail} MiB)")

@@ -38,7 +38,7 @@ def _env_bool(env, name: str, default: bool) -> bool:
 @dataclass
 class PagerConfig:
     arena_mb: float | None = None          # None: DEFAULT_ARENA_FRACTION of the expert bytes
-    ram_budget_mb: float | None = None     # None: no budget check
+    ram_budget_mb: float | None = None     # None: the memory the process has (engine/machine.py)
     force_uniform_slot: bool = False
     admit_min_hits: int = 1
     hot_pin: int = 0

@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from ..gguf_model import GGUFModel, ModelError
+from ..machine import memory_limit
 from ..traces import PredictionTrace
 from . import budget
 from .arena import ALIGN, Arena, MiB, layer_layouts, plan_slots
@@ -79,18 +80,24 @@ class Pager:
         probe = plan_for(1 << 62)
         transient = self._transient_bytes(probe)
         parts = budget.breakdown(gm, 0, kv_bytes, self.batch, n_ctx, transient, keep_logits)
+        # no --ram-budget-mb: the budget is the memory this process has (engine/machine.py)
+        if self.cfg.ram_budget_mb is not None:
+            budget_mb, self.budget_source, named = self.cfg.ram_budget_mb, "--ram-budget-mb", None
+        else:
+            limit, self.budget_source = memory_limit()
+            budget_mb = limit / MiB
+            named = f"the engine's memory, {budget_mb:,.0f} MiB ({self.budget_source}; --ram-budget-mb sets another)"
+        self.budget_mb = budget_mb
         if self.cfg.arena_mb is not None:
             arena_bytes = int(self.cfg.arena_mb * MiB)
-        else:
-            arena_bytes = int(self.expert_bytes_total * DEFAULT_ARENA_FRACTION)
-            if self.cfg.ram_budget_mb is not None:   # the default leaves the budget's other parts room
-                arena_bytes = min(arena_bytes, int(self.cfg.ram_budget_mb * MiB) - sum(parts.values()))
+        else:   # the default leaves the budget's other parts room
+            arena_bytes = min(int(self.expert_bytes_total * DEFAULT_ARENA_FRACTION),
+                              int(budget_mb * MiB) - sum(parts.values()))
             arena_bytes = max(arena_bytes, probe.min_bytes)
         plan = plan_for(arena_bytes)
         parts["arena"] = plan.total_bytes
         self.ram_need_bytes = sum(parts.values())   # reported as ram_need_mb, budget or not
-        if self.cfg.ram_budget_mb is not None:
-            budget.check(self.cfg.ram_budget_mb, parts)
+        budget.check(budget_mb, parts, named)
         self.plan = plan
         self.arena_bytes_requested = arena_bytes
         self.policy = CachePolicy(plan.n_slots, plan.class_of_layer, self.cfg.admit_min_hits, plan.need)
