@@ -4,7 +4,7 @@
     python bench/pairs.py record --conditions unchanged,slow3,slow5,io5 [--busy] [--pairs 40]
                                  [--model M] [--set KEY=VALUE ...]
                                  [--max-minutes 25] [--out docs/perf-data/pairs] [--resume]
-    python bench/pairs.py analyse [--out docs/perf-data/pairs] [--decisions 4000]
+    python bench/pairs.py analyse [--out docs/perf-data/pairs] [--decisions 4000] [--set KEY=VALUE ...]
 
 record: process pairs of `epmci check --perf-base` (epmci.perf.paced.run_pair, the perf
 suite's baseline scenario, perf.base_steps decode steps after perf.base_warmup_steps), base =
@@ -52,17 +52,14 @@ from perf_gate_calibration import declared, heads  # noqa: E402
 
 from epmci.compare.stats import hodges_lehmann  # noqa: E402
 from epmci.config import load_config, parse_set  # noqa: E402
-from epmci.config.experiments import EXPERIMENTS  # noqa: E402
 from epmci.contract.process import EngineCommand  # noqa: E402
-from epmci.gguf.facts import ModelFacts  # noqa: E402
-from epmci.gguf.file import ModelFile  # noqa: E402
 from epmci.perf.abba import Side  # noqa: E402
 from epmci.perf.calibration import drift, in_order, replay, replay_p99, wilson  # noqa: E402
 from epmci.contract.memory import min_arena_mib  # noqa: E402
 from epmci.errors import InputError  # noqa: E402
-from epmci.perf.machine import available_memory_mib  # noqa: E402
+from epmci.cgroups import available_memory_mib  # noqa: E402
 from epmci.perf.paced import PacedResult, PairFailed, Unpaceable, operating_point, paced_spec, run_pair  # noqa: E402
-from epmci.perf.settings import for_model  # noqa: E402
+from epmci.perf.plan import timed_scenario  # noqa: E402
 from epmci.synth.store import resolve_model  # noqa: E402
 
 HOG = "while True: pass"
@@ -102,13 +99,10 @@ def record(a) -> int:
         cfg = load_config(None, parse_set(a.set))
     except InputError as e:
         die(str(e))
-    pc = cfg.perf
     model = resolve_model(a.model)
-    cfg, _ = for_model(cfg, ModelFile(model))
-    facts = ModelFacts.of(ModelFile(model), cfg.run.slot_align, cfg.run.slot_windows)
-    fixed = {"n_predict": pc.n_predict, "ctx": pc.ctx, "batch": pc.batch, "threads": cfg.engine.threads,
-             "arena_fraction": pc.arena_fraction, "ram_budget_mb": pc.ram_budget_mb}
-    spec = paced_spec(EXPERIMENTS["baseline"].spec(pc.prompts[0], fixed, facts), pc.base_warmup_steps, pc.base_steps)
+    cfg, facts, spec = timed_scenario(cfg, model)
+    pc = cfg.perf
+    spec = paced_spec(spec, pc.base_warmup_steps, pc.base_steps)
     conditions = [c for c in a.conditions.split(",") if c]
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -164,7 +158,7 @@ def record(a) -> int:
 
 
 def analyse(a) -> int:
-    pc = load_config(None).perf
+    pc = load_config(None, parse_set(a.set)).perf
     gate = dict(pairs=pc.base_pairs, step_pairs=pc.base_more_pairs, max_pairs=pc.base_max_pairs,
                 alpha=pc.base_alpha, floor=pc.base_floor, min_effect=pc.min_effect)
     rows = ["| recording | pairs | median head/base | per-pair noise (sd) | drift rho (p) | DIFFERENT slower "
@@ -222,6 +216,8 @@ def main() -> int:
     n.add_argument("--decisions", type=int, default=4000)
     n.add_argument("--seed", type=int, default=0)
     n.add_argument("--out", default=str(REPO / "docs" / "perf-data" / "pairs"))
+    n.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="the gate's settings to replay (perf.min_effect=0.03, ...), as `epmci check --set`")
     a = ap.parse_args()
     if a.cmd == "record" and (a.pairs < 1 or a.max_minutes <= 0):
         die("--pairs must be >= 1 and --max-minutes > 0")

@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 # epmci's packages, bottom first: a module may import from its own package and lower ones.
 EPMCI_LAYERS = [
-    {"errors", "units", "fsutil"},
+    {"errors", "units", "fsutil", "cgroups"},
     {"gguf"},           # what a model file is, read without any engine
     {"reference"},      # the independent NumPy forward
     {"synth"},          # the model maker (uses the reference to calibrate routing)

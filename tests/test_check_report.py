@@ -184,6 +184,8 @@ def test_readers_reject_malformed_files(tmp_path):
         read_stats(p)
     p.write_text('{"phase": "prefill", "tokens": 3, "seconds": 1.0, "hits": 2}\n')
     assert counters_of(read_stats(p)) == {"prefill": {"tokens": 3, "hits": 2}}
+    p.write_text('{"phase": "prefill", "tokens": 3.0, "seconds": 0, "hit_rate": 12.5}\n{"phase": "decode", "tokens": 1}\n')
+    assert [r["tokens"] for r in read_stats(p)] == [3.0, 1]
     assert slot_errors("x\n[epm] SLOT-ERROR slot 1 bad\n") == ["[epm] SLOT-ERROR slot 1 bad"]
 
 
@@ -326,3 +328,36 @@ def test_without_matplotlib_no_plots_and_the_summary_says_why(tmp_path, monkeypa
     assert plots == [] and "matplotlib is not installed" in note and not list(tmp_path.iterdir())
     report.meta["plots_note"] = note
     assert "epmci[plots]" in rep.markdown(report)
+
+
+PREFILL = {"phase": "prefill", "tokens": 3, "seconds": 0.5, "hits": 2}
+
+
+@pytest.mark.parametrize("records, says", [
+    ([PREFILL | {"tokens": "3"}], 'line 1 (prefill): tokens is "3", not a number'),
+    ([PREFILL | {"hits": True}], "hits is true, not a number"),
+    ([PREFILL | {"hits": 2.5}], "hits is 2.5, not a whole number"),
+    ([PREFILL | {"seconds": -1.0}], "seconds is -1.0, not a finite number >= 0"),
+    ([PREFILL, PREFILL | {"phase": "decode", "hits": [1]}], "line 2 (decode): hits is [1], not a number"),
+    ([PREFILL, PREFILL | {"phase": "decode"}, PREFILL | {"phase": "decode"}], "line 3: a second decode record"),
+    ([PREFILL | {"phase": "decode"}], "no prefill record first (phases: decode)"),
+    ([PREFILL | {"phase": "decode"}, PREFILL], "no prefill record first (phases: decode, prefill)"),
+    ([PREFILL | {"phase": "warmup"}], "phase 'warmup' is none of prefill, decode"),
+])
+def test_malformed_stats_are_a_failure_naming_line_field_and_value(tmp_path, records, says):
+    p = tmp_path / "stats.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in records))
+    with pytest.raises(ContractError) as e:
+        read_stats(p)
+    assert says in str(e.value)
+
+
+def test_non_finite_stats_values_are_refused(tmp_path):
+    p = tmp_path / "stats.jsonl"
+    for bad in ("NaN", "Infinity"):
+        p.write_text('{"phase": "prefill", "tokens": 3, "seconds": %s}\n' % bad)
+        with pytest.raises(ContractError, match="seconds is .*not a finite number"):
+            read_stats(p)
+    p.write_text("[" * 100000 + "]" * 100000 + "\n")
+    with pytest.raises(ContractError, match="line 1"):
+        read_stats(p)

@@ -6,11 +6,14 @@ one-line reason naming the limit or the defect -- never a pass, never a tracebac
 from __future__ import annotations
 
 import json
+import os
 import resource
 import shlex
 import subprocess
 import sys
 import textwrap
+import time
+from pathlib import Path
 
 import pytest
 
@@ -18,7 +21,9 @@ from faults import results, run_check
 
 DECLARATION = {"contract": 2, "engine": {"name": "hostile", "version": "0"}, "architectures": ["qwen3moe"],
                "quant_types": ["F32", "Q8_0", "Q4_K", "Q5_K", "Q6_K"], "features": []}
-MARK = "317.5"            # the seconds a stub's child sleeps: how the test finds one left running
+# the seconds a stub's child sleeps: how the test finds one left running; this worker's own
+# (its pid), so a parallel worker's child of the moment is never taken for a leftover
+MARK = f"317.{os.getpid()}"
 
 HOSTILE = {
     "floods stdout": ("""
@@ -78,6 +83,87 @@ def test_a_hostile_engine_fails_with_the_reason_and_leaves_nothing(tmp_path, tin
     assert left_running() == []
 
 
+# Engines that run and answer, then lie in their outputs: the bundled engine wrapped, its
+# files rewritten after it exits (RUN: where it runs; `arg` finds a flag's value). Each is a failure naming the
+# defect wherever the gate reads the file, never a pass and never epmci's own error.
+WRAPPED = """
+import os, subprocess
+REAL = [sys.executable, "-m", "engine"]
+if "--contract-info" in sys.argv:
+    sys.exit(subprocess.run(REAL + ["--contract-info"]).returncode)
+def arg(flag):
+    return sys.argv[sys.argv.index(flag) + 1] if flag in sys.argv else None
+env = dict(os.environ)
+"""
+LIARS = {
+    "writes a count as a string": ("""
+        RUN
+        p = arg("--stats-file")
+        recs = [json.loads(l) for l in open(p)]
+        recs[0]["hits"] = str(recs[0]["hits"])
+        open(p, "w").write("".join(json.dumps(r) + "\\n" for r in recs))
+    """, "(prefill): hits is \"", "determinism"),
+    "writes its decode record twice": ("""
+        RUN
+        p = arg("--stats-file")
+        lines = open(p).read().splitlines()
+        open(p, "a").write(lines[-1] + "\\n")
+    """, "a second decode record", "determinism"),
+    "leaves out its prefill record": ("""
+        RUN
+        p = arg("--stats-file")
+        lines = open(p).read().splitlines()
+        open(p, "w").write("\\n".join(lines[1:]) + "\\n")
+    """, "no prefill record first", "determinism"),
+    "writes a NaN logit": ("""
+        RUN
+        import numpy as np
+        p = arg("--logits-out")
+        if p:
+            a = np.fromfile(p, dtype="<f4")
+            a[-1] = np.nan
+            a.tofile(p)
+    """, "non-finite logit(s), the first at row", "model"),
+    "writes logits rows of half the vocabulary": ("""
+        RUN
+        import numpy as np
+        p = arg("--logits-out")
+        if p:
+            b = open(p, "rb").read()
+            n = int(np.frombuffer(b[:4], "<i4")[0])
+            open(p, "wb").write(np.array([n // 2], "<i4").tobytes() + b[4:4 + (len(b) - 4) // (2 * n) * 2 * n])
+    """, "vocab", "model"),
+    "truncates its logits": ("""
+        RUN
+        p = arg("--logits-out")
+        if p:
+            b = open(p, "rb").read()
+            open(p, "wb").write(b[:-100])
+    """, "not a whole number of rows", "model"),
+    "declares prefetch_dump but writes none": ("""
+        env.pop("SDQ_PREFETCH_DUMP", None)
+        RUN
+    """, "prefetch", "determinism"),
+}
+
+
+@pytest.mark.parametrize("behaviour", list(LIARS))
+def test_an_engine_lying_in_its_outputs_fails_naming_the_defect(tmp_path, tiny_model, behaviour):
+    body, says, suite = LIARS[behaviour]
+    script = tmp_path / "lying_engine.py"
+    run = "r = subprocess.run(REAL + sys.argv[1:], env=env)"
+    script.write_text("import json, sys\n" + textwrap.dedent(WRAPPED) + textwrap.dedent(body).replace("RUN", run)
+                      + "\nsys.exit(r.returncode)\n")
+    rc, rep = run_check(tmp_path, tiny_model, f"{shlex.quote(sys.executable)} {shlex.quote(str(script))}",
+                        "--suites", suite, "--set", "determinism.threads_alt=[2]")
+    assert rc == 1 and not rep.get("tool_error"), rep.get("tool_error")
+    res = results(rep, suite)
+    failed = [r for r in res if r["status"] == "fail"]
+    assert failed, res
+    assert any(says in r["message"] for r in failed), [r["message"] for r in failed]
+    assert all("Traceback" not in r["message"] for r in res)
+
+
 def test_the_output_limit_is_a_setting_with_its_default_in_the_report(tmp_path, tiny_model):
     from epmci.config.schema import CheckConfig
     from epmci.contract.process import MAX_OUTPUT_MB
@@ -113,3 +199,56 @@ def test_a_started_engine_is_held_to_the_same_limits(tmp_path, behaviour):
     assert not run.ok and says in run.failure(), run.failure()
     assert (tmp_path / "engine.stdout").stat().st_size < (8 << 20) * 40     # killed long before 2 GiB
     assert left_running() == []
+
+
+def test_an_engine_the_oom_killer_ends_is_reported_as_out_of_memory(tmp_path, monkeypatch):
+    """A run that dies of SIGKILL while the OOM killer's count rises in epmci's memory
+    cgroups is 'killed: out of memory (cap N MiB)', not a crash; a SIGKILL with no OOM kill
+    is still a crash."""
+    import epmci.contract.process as P
+    engine = P.EngineCommand((sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"),
+                             False)
+    kills = iter(range(100))
+    monkeypatch.setattr(P, "oom_kills", lambda: next(kills))            # one more at every look
+    monkeypatch.setattr(P, "cgroup_memory_limit_gib", lambda: 8.0)
+    run = P.run_engine(engine, [], timeout=30)
+    assert run.failure() == "engine killed: out of memory (cap 8,192 MiB)"
+    started = P.start_engine(engine, [], tmp_path, timeout=30).finish(30)
+    assert started.failure() == "engine killed: out of memory (cap 8,192 MiB)"
+    monkeypatch.setattr(P, "oom_kills", lambda: 7)
+    assert P.run_engine(engine, [], timeout=30).failure() == "engine crashed (SIGKILL)"
+
+
+MEMORY_V1 = Path("/sys/fs/cgroup/memory")
+
+
+def _can_make_a_memory_cgroup() -> bool:
+    return os.access(MEMORY_V1, os.W_OK) and (MEMORY_V1 / "memory.limit_in_bytes").exists()
+
+
+@pytest.mark.skipif(not _can_make_a_memory_cgroup(), reason="needs a writable cgroup-v1 memory hierarchy (root)")
+def test_a_real_oom_kill_inside_a_capped_cgroup_is_named(tmp_path):
+    """epmci and its engine in a 256 MiB cgroup, the engine allocating 1 GiB: the kernel's
+    OOM killer ends it, and the run says so with the cap."""
+    cg = MEMORY_V1 / f"epmci-oom-test-{os.getpid()}"
+    cg.mkdir()
+    try:
+        (cg / "memory.limit_in_bytes").write_text(str(256 << 20))
+        probe = textwrap.dedent("""
+            import json, sys
+            from epmci.contract.process import EngineCommand, run_engine
+            hog = "b = bytearray(1 << 30)\\nfor i in range(0, len(b), 4096): b[i] = 1\\n"
+            run = run_engine(EngineCommand((sys.executable, "-c", hog), False), [], timeout=120)
+            print(json.dumps(run.failure()))
+        """)
+        r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300,
+                           preexec_fn=lambda: (cg / "cgroup.procs").write_text(str(os.getpid())))
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout.splitlines()[-1]) == "engine killed: out of memory (cap 256 MiB)"
+    finally:
+        for _ in range(50):
+            try:
+                cg.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)

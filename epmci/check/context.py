@@ -25,7 +25,8 @@ from ..contract.runspec import RunSpec
 from ..gguf.facts import ModelFacts
 from ..gguf.file import EXPERT_PARTS, ModelFile
 from ..gguf.identity import file_sha256
-from ..perf.machine import available_memory_mib, cpu_count
+from ..cgroups import available_memory_mib
+from ..perf.machine import cpu_count
 from ..reference.moe import MoEResult, moe_layer, shared_expert
 from ..units import MiB, arena_mib
 from .plan import CheckPlan

@@ -8,6 +8,7 @@ wrong; a check turns that into a failure ("unparsable output"), never a pass.
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 from dataclasses import dataclass
@@ -39,6 +40,14 @@ STATS_CORE_FIELDS = ("phase", "tokens", "seconds", "tok_s", "peak_rss_mb", "vm_s
 # other field is an exact counter.
 STATS_MEASURED_FIELDS = frozenset({"seconds", "tok_s", "io_wait_s", "io_direct_pct", "ram_need_mb",
                                    "peak_rss_mb", "vm_swap_mb"})
+
+
+# Fields whose values are decimals (rates, sizes in MiB, timings); every other documented
+# field counts something and is a whole number.
+STATS_DECIMAL_FIELDS = frozenset({"seconds", "tok_s", "hit_rate", "ssd_bytes_per_token", "prefetch_used_rate",
+                                  "io_wait_s", "io_direct_pct", "arena_mb", "ram_need_mb", "peak_rss_mb",
+                                  "vm_swap_mb"})
+STATS_PHASES = ("prefill", "decode")   # in this order, each at most once; prefill always
 
 
 def stats_fields(pager: bool) -> tuple[str, ...]:
@@ -81,7 +90,12 @@ def read_logits(path: str | os.PathLike) -> np.ndarray:
     body = len(b) - 4
     if body % (4 * n_vocab):
         raise ContractError(path, f"{body} bytes of logits is not a whole number of rows of {n_vocab}")
-    return np.frombuffer(b, dtype="<f4", offset=4).reshape(-1, n_vocab)
+    rows = np.frombuffer(b, dtype="<f4", offset=4).reshape(-1, n_vocab)
+    bad = ~np.isfinite(rows)
+    if bad.any():   # no forward of a valid model gives one; compared, it would only read as a KL of nan
+        r, c = np.argwhere(bad)[0]
+        raise ContractError(path, f"{int(bad.sum())} non-finite logit(s), the first at row {r}, token {c}: {rows[r, c]}")
+    return rows
 
 
 # ------------------------------------------------------------------------ MoE dump
@@ -321,8 +335,10 @@ def read_profile(path: str | os.PathLike) -> list[tuple[int, int, int]]:
 # ------------------------------------------------------------------------ stats
 
 def read_stats(path: str | os.PathLike, fields: tuple[str, ...] = ()) -> list[dict]:
-    """One JSON object per line, each with a `phase` and every one of `fields` (a documented
-    field the engine left out is a failure naming it, never a counter quietly not compared)."""
+    """One JSON object per line, one per phase (STATS_PHASES: prefill, then decode if there
+    was a decode step, each once), each with every one of `fields` (a documented field the
+    engine left out is a failure naming it, never a counter quietly not compared); every
+    documented field a finite number >= 0, a whole one where it counts something."""
     b = _read(path)
     out = []
     for i, line in enumerate(b.decode("utf-8", "replace").splitlines(), 1):
@@ -330,18 +346,40 @@ def read_stats(path: str | os.PathLike, fields: tuple[str, ...] = ()) -> list[di
             continue
         try:
             rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ContractError(path, f"line {i} is not JSON ({e.msg})") from None
+        except (json.JSONDecodeError, RecursionError) as e:
+            raise ContractError(path, f"line {i} is not JSON ({getattr(e, 'msg', 'nested too deep')})") from None
         if not isinstance(rec, dict) or not isinstance(rec.get("phase"), str):
             raise ContractError(path, f"line {i} has no phase")
+        phase = rec["phase"]
+        if phase not in STATS_PHASES:
+            raise ContractError(path, f"line {i}: phase {phase[:40]!r} is none of {', '.join(STATS_PHASES)}")
+        if any(r["phase"] == phase for r in out):
+            raise ContractError(path, f"line {i}: a second {phase} record (one per phase, docs/engine-contract.md, Stats)")
         missing = [f for f in fields if f not in rec]
         if missing:
-            raise ContractError(path, f"line {i} ({rec['phase']}) lacks the documented field(s) "
+            raise ContractError(path, f"line {i} ({phase}) lacks the documented field(s) "
                                       f"{', '.join(missing)} (docs/engine-contract.md, Stats)")
+        for f in STATS_FIELDS[1:]:
+            if f in rec and (problem := _stats_value_problem(f, rec[f])):
+                raise ContractError(path, f"line {i} ({phase}): {f} is {problem}")
         out.append(rec)
     if not out:
         raise ContractError(path, "no records")
+    phases = [r["phase"] for r in out]
+    if phases[0] != "prefill":
+        raise ContractError(path, f"no prefill record first (phases: {', '.join(phases)})")
     return out
+
+
+def _stats_value_problem(field: str, v) -> str | None:
+    """Why `v` cannot be the value of the stats field (None: it can)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return f"{json.dumps(v)[:40]}, not a number"
+    if not math.isfinite(v) or v < 0:
+        return f"{v}, not a finite number >= 0"
+    if field not in STATS_DECIMAL_FIELDS and not float(v).is_integer():
+        return f"{v}, not a whole number"
+    return None
 
 
 def counters_of(records: list[dict]) -> dict[str, dict]:

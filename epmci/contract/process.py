@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..cgroups import cgroup_memory_limit_gib, meminfo_mib, oom_kills
 from ..errors import InputError
 from ..units import MiB
 from . import bundled
@@ -92,6 +93,7 @@ class EngineRun:
     broken_promises: list[str] = field(default_factory=list)   # resource promises of its stats (promises.py)
     over_limit: str | None = None     # a limit of epmci's it broke (killed for it), named
     left_running: int = 0             # processes of its session still running after it exited (killed)
+    oom_killed: bool = False          # died of SIGKILL as the OOM killer struck in epmci's memory cgroups
 
     @property
     def ok(self) -> bool:
@@ -113,6 +115,11 @@ class EngineRun:
                     f"running (killed): an engine run must end with everything it started")
         if self.timed_out:
             return f"engine timed out after {self.timeout:g} s (killed)"
+        if self.oom_killed:
+            limit = cgroup_memory_limit_gib()
+            cap = f"cap {limit * 1024:,.0f} MiB" if limit is not None else \
+                f"no cgroup cap, the machine's {meminfo_mib('MemTotal') or 0:,.0f} MiB"
+            return f"engine killed: out of memory ({cap})"
         if self.returncode == 0:
             if not self.broken_promises:
                 return None
@@ -205,7 +212,7 @@ def run_engine(cmd: EngineCommand, args: list[str], *, timeout: float, label: st
     """Run `cmd args` with the contract's environment (plus, for the bundled engine of
     another source tree, that tree on PYTHONPATH); never raises for engine failures."""
     argv, extra, full_env = _launch(cmd, args, env)
-    t0 = time.perf_counter()
+    t0, oom_before = time.perf_counter(), oom_kills()
     try:
         p = _started(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, env=full_env, cwd=cwd, start_new_session=True))
@@ -236,7 +243,15 @@ def run_engine(cmd: EngineCommand, args: list[str], *, timeout: float, label: st
             if captured.over.is_set() else None)
     return EngineRun(label, argv, extra, p.returncode, out, err.decode("utf-8", "replace"),
                      time.perf_counter() - t0, timeout, timed_out and not over, over_limit=over,
-                     left_running=0 if over or timed_out else left)
+                     left_running=0 if over or timed_out else left,
+                     oom_killed=_killed_for_memory(p.returncode, oom_before, timed_out or over))
+
+
+def _killed_for_memory(returncode: int | None, oom_before: int, we_killed_it) -> bool:
+    """Whether a run that died of SIGKILL epmci did not send was the OOM killer's: the
+    count of its kills in epmci's memory cgroups rose during the run (engines run in
+    epmci's cgroup, so a cap on the job is a cap on them)."""
+    return returncode == -signal.SIGKILL and not we_killed_it and oom_kills() > oom_before
 
 
 class _Capture:
@@ -325,7 +340,8 @@ class StartedEngine:
         self.launch_error: str | None = None
         self.max_output_mb, self.over_limit = max_output_mb, False
         self.exited = threading.Event()       # set at the exit, before the engine is reaped
-        self.t0 = time.perf_counter()
+        self.t0, self.oom_before = time.perf_counter(), oom_kills()
+        self.killed = False                   # by epmci (kill), not by the kernel
 
     def watch(self) -> None:
         """Kill the engine once its output files hold more than max_output_mb (polled every
@@ -349,6 +365,7 @@ class StartedEngine:
 
     def kill(self) -> None:
         if self.proc and self.proc.poll() is None:
+            self.killed = True
             _kill_group(self.proc)
             self.proc.wait()
         if self.proc:
@@ -376,7 +393,9 @@ class StartedEngine:
         out = b"" if over else self.stdout_path.read_bytes() if self.stdout_path.exists() else b""
         return EngineRun(self.label, self.argv, self.extra, self.proc.returncode, out,
                          "" if over else self.stderr_text(), time.perf_counter() - self.t0, self.timeout,
-                         timed_out and not over, over_limit=over, left_running=left)
+                         timed_out and not over, over_limit=over, left_running=left,
+                         oom_killed=_killed_for_memory(self.proc.returncode, self.oom_before,
+                                                       timed_out or over or self.killed))
 
 
 def start_engine(cmd: EngineCommand, args: list[str], out: Path, *, timeout: float, label: str = "",

@@ -9,6 +9,8 @@ import resource
 import time
 from pathlib import Path
 
+from ..cgroups import cgroup_memory_limit_gib, mem_total_gib
+
 # Keys that must agree for tok/s to be comparable; the others are reported only.
 TIMING_KEYS = ("cpu_model", "cpu_flags_sha256", "n_cpus", "mem_total_gib", "mem_limit_gib", "fs_type")
 
@@ -63,101 +65,6 @@ def _cpuinfo() -> dict[str, str]:
     return info
 
 
-def _mem_total_gib() -> float:
-    total = _meminfo_mib("MemTotal")
-    return round(total / 1024, 1) if total is not None else 0.0
-
-
-# cgroup v1 and v2 names of: the limit, the usage, the reclaimable page cache in memory.stat
-_CGROUP_FILES = {"v1": ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"),
-                 "v2": ("memory.max", "memory.current", "inactive_file")}
-
-
-def _memory_cgroups() -> list[tuple[Path, str]]:
-    """This process's memory cgroup and its ancestors up to the root, with the version."""
-    try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return []
-    cg, top, version = None, None, None
-    for line in lines:
-        parts = line.split(":", 2)
-        if len(parts) == 3 and "memory" in parts[1].split(","):
-            cg, top, version = parts[2], Path("/sys/fs/cgroup/memory"), "v1"
-            break
-    if cg is None:
-        for line in lines:
-            if line.startswith("0::"):
-                cg, top, version = line[3:], Path("/sys/fs/cgroup"), "v2"
-    if cg is None:
-        return []
-    out = []
-    d = top / cg.strip("/") if cg.strip("/") else top
-    while True:
-        out.append((d, version))
-        if d == top or top not in d.parents:
-            return out
-        d = d.parent
-
-
-def _read_int(path: Path) -> int | None:
-    try:
-        v = path.read_text().strip()
-    except OSError:
-        return None
-    return int(v) if v.isdigit() and int(v) < (1 << 60) else None
-
-
-def _cgroup_mem_limit_gib() -> float | None:
-    """The smallest memory limit on the way from this process's cgroup to the root (cgroup v1
-    memory.limit_in_bytes or v2 memory.max), in GiB; None when unlimited or unknown. A box
-    capped at 8 GB reports its full RAM in /proc/meminfo, so this is what the cap shows in."""
-    limits = [v for d, ver in _memory_cgroups() if (v := _read_int(d / _CGROUP_FILES[ver][0])) is not None]
-    return round(min(limits) / 2**30, 2) if limits else None
-
-
-def memory_limit_mib() -> float | None:
-    """The machine's memory as a job sees it for good: its cgroup limit, else MemTotal (not
-    what is free at the moment, which moves with the page cache and other jobs)."""
-    limit, total = _cgroup_mem_limit_gib(), _meminfo_mib("MemTotal")
-    sizes = [x for x in (None if limit is None else limit * 1024, total) if x is not None]
-    return min(sizes) if sizes else None
-
-
-def _meminfo_mib(key: str) -> float | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return None
-
-
-def available_memory_mib() -> float | None:
-    """Memory a new process can still take without swapping or meeting a cgroup limit:
-    MemAvailable, and under each limited cgroup on the way to the root its limit minus what
-    it uses (its inactive page cache counted as free, the kernel reclaims that first).
-    None when unknown."""
-    best = _meminfo_mib("MemAvailable")
-    for d, ver in _memory_cgroups():
-        limit_f, usage_f, cache_key = _CGROUP_FILES[ver]
-        limit, usage = _read_int(d / limit_f), _read_int(d / usage_f)
-        if limit is None or usage is None:
-            continue
-        cache = 0
-        try:
-            for line in (d / "memory.stat").read_text().splitlines():
-                k, _, v = line.partition(" ")
-                if k == cache_key and v.strip().isdigit():
-                    cache = int(v)
-        except OSError:
-            pass
-        free = (limit - max(0, usage - cache)) / 2**20
-        best = free if best is None else min(best, free)
-    return best
-
-
 def _mount_of(path: Path) -> tuple[str, str]:
     """(fs type, device) of the mount holding path, from /proc/mounts (longest prefix)."""
     best = ("", "", "")
@@ -198,8 +105,8 @@ def fingerprint(model_dir: str | os.PathLike = ".") -> dict:
         "cpu_flags_sha256": hashlib.sha256(" ".join(flags).encode()).hexdigest()[:16],
         "cpu_flags_simd": [f for f in flags if f.startswith(("avx", "amx", "fma", "f16c", "sse4"))],
         "n_cpus": cpu_count(),
-        "mem_total_gib": _mem_total_gib(),
-        "mem_limit_gib": _cgroup_mem_limit_gib(),
+        "mem_total_gib": mem_total_gib(),
+        "mem_limit_gib": cgroup_memory_limit_gib(),
         "kernel": platform.release(),
         "fs_type": fs_type,
         "disk": _disk_model(device) or device,

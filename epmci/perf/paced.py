@@ -11,7 +11,7 @@ routing, same reads) are compared.
    decode steps. It warms numba's cache (a base with other numba sources compiles here),
    proves the engine speaks the protocol (an engine that rejects --pace-fds with exit 2
    while the same run without it works: fall back to ABBA) and measures its peak RSS: both
-   engines must fit the available memory at once (epmci.perf.machine.available_memory_mib).
+   engines must fit the available memory at once (epmci.cgroups.available_memory_mib).
    When they do not -- a production-size model on an 8 GB runner -- and the pager lets the
    arena shrink, both sides run at one reduced arena that fits (shared_arena: the probes'
    peak RSS less the arena each reported, the rest split evenly), probed again there; the
@@ -46,7 +46,8 @@ from ..contract.pace import PacedEngine, PaceError, PaceUnsupported
 from ..contract.process import EngineRun, drop_page_cache
 from ..contract.runspec import RunSpec
 from .abba import Side
-from .machine import CpuContention, available_memory_mib
+from ..cgroups import available_memory_mib
+from .machine import CpuContention
 from .measure import Measurement, measure, prepare_outdir, read_measurement
 
 # both engines at once need their probes' peak RSS plus this share on top (allocator slack,

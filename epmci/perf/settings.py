@@ -8,7 +8,7 @@ from ..config.derive import resolve
 from ..config.schema import CheckConfig
 from ..gguf.facts import ModelFacts
 from ..gguf.file import ModelFile
-from .machine import memory_limit_mib
+from ..cgroups import memory_limit_mib
 
 
 def for_model(cfg: CheckConfig, mf: ModelFile) -> tuple[CheckConfig, list[str]]:
