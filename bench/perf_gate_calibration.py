@@ -56,15 +56,12 @@ sys.path.insert(0, str(REPO))
 from epmci.compare.stats import (DIFFERENT, SAME, UNKNOWN, compare_samples, latency_percentiles,  # noqa: E402
                                  per_look_alpha)
 from epmci.config import load_config, parse_set  # noqa: E402
-from epmci.config.experiments import EXPERIMENTS  # noqa: E402
 from epmci.contract.capabilities import probe  # noqa: E402
 from epmci.contract.process import EngineCommand  # noqa: E402
-from epmci.gguf.facts import ModelFacts  # noqa: E402
-from epmci.gguf.file import ModelFile  # noqa: E402
 from epmci.perf.abba import FIXED_ENV, Side, run_abab  # noqa: E402
 from epmci.perf.measure import measure  # noqa: E402
 from epmci.perf.paced import paced_spec, run_paced  # noqa: E402
-from epmci.perf.settings import for_model  # noqa: E402
+from epmci.perf.plan import timed_scenario  # noqa: E402
 from epmci.synth.store import resolve_model  # noqa: E402
 
 COMPUTE_WRAPPER = """
@@ -254,13 +251,9 @@ def main() -> int:
         return 0
 
     cfg = load_config(a.config, parse_set(a.set))
-    pc = cfg.perf
     model = resolve_model(a.model or cfg.model).resolve()
-    cfg, _ = for_model(cfg, ModelFile(model))
-    facts = ModelFacts.of(ModelFile(model), cfg.run.slot_align)
-    fixed = {"n_predict": pc.n_predict, "ctx": pc.ctx, "batch": pc.batch, "threads": cfg.engine.threads,
-             "arena_fraction": pc.arena_fraction, "ram_budget_mb": pc.ram_budget_mb}
-    spec = EXPERIMENTS[pc.scenarios[0]].spec(pc.prompts[0], fixed, facts)
+    cfg, _, spec = timed_scenario(cfg, model, cfg.perf.scenarios[0])
+    pc = cfg.perf
     counts = parse_counts(a.counts)
     plan = {("paced", k): n for k, n in counts.items()}
     if a.abba:

@@ -753,3 +753,85 @@ def test_action_ends_with_epmcis_exit_code(action, tmp_path, rc):
     step = next(s for s in action["runs"]["steps"] if s["name"] == "Exit as epmci did")
     r, _ = _run_step(step, tmp_path, {"RC": rc})
     assert r.returncode == int(rc or 2)                # no exit code recorded: epmci never ran
+
+
+# ------------------------------------------- tests that skip for a missing dependency
+
+# the distribution that provides each module a test may importorskip
+DISTRIBUTIONS = {"llama_cpp": "llama-cpp-python", "scipy": "scipy", "matplotlib": "matplotlib"}
+_IMPORTORSKIP = re.compile(r"importorskip\(\s*[\"']([A-Za-z_][\w.]*)[\"']")
+
+
+def _skips_for_a_missing_module() -> dict[str, set[str]]:
+    """{top-level module: the test files that skip without it}"""
+    out: dict[str, set[str]] = {}
+    for path in sorted((ROOT / "tests").glob("test_*.py")):
+        for mod in _IMPORTORSKIP.findall(path.read_text(encoding="utf-8")):
+            out.setdefault(mod.split(".")[0], set()).add(f"tests/{path.name}")
+    return out
+
+
+def _test_extra() -> list[str]:
+    import tomllib
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
+    return [re.split(r"[<>=;\[ ]", d, maxsplit=1)[0].lower() for d in deps]
+
+
+def _jobs_running(module: str, workflows: list[dict]) -> list[str]:
+    """The scripts of jobs that install `module`'s distribution and run pytest."""
+    dist = DISTRIBUTIONS[module]
+    found = []
+    for wf in workflows:
+        for job in wf["jobs"].values():
+            script = "\n".join(s.get("run", "") for s in job.get("steps", []))
+            env = " ".join(str(v) for v in (job.get("env") or {}).values())
+            installs = re.search(r"pip (install|wheel)\b", script) and (dist in script or dist in env)
+            if installs and "pytest" in script:
+                found.append(script)
+    return found
+
+
+def _skipped_everywhere(workflows: list[dict]) -> list[str]:
+    """Test files the default suite skips for a missing module that no job runs with it."""
+    extra, out = _test_extra(), []
+    for module, files in _skips_for_a_missing_module().items():
+        assert module in DISTRIBUTIONS, f"{sorted(files)} skip without {module}: name its distribution here"
+        if DISTRIBUTIONS[module] not in extra:
+            scripts = _jobs_running(module, workflows)
+            out += sorted(f for f in files if not any(f in s for s in scripts))
+    return out
+
+
+def test_every_test_skipped_for_a_missing_dependency_runs_in_some_workflow_job():
+    """A test the default suite skips because a module is missing either gets that module
+    from the [test] extra, or a workflow job installs it and runs the test's file: no
+    cross-check is skipped everywhere (the llama.cpp ones were, for months)."""
+    assert "llama_cpp" in _skips_for_a_missing_module()        # the scan sees the real ones
+    workflows = [load_workflow(p) for p in WORKFLOW_FILES]
+    assert _skipped_everywhere(workflows) == []
+    without = [{**wf, "jobs": {k: j for k, j in wf["jobs"].items() if k != "llama-cpp-tests"}} for wf in workflows]
+    assert "tests/test_llama_cpp_reference.py" in _skipped_everywhere(without)
+
+
+def test_the_llama_cpp_job_caches_its_wheel_by_version_and_build_flags(gate_wf):
+    job = gate_wf["jobs"]["llama-cpp-tests"]
+    assert "CMAKE_ARGS" in job["env"] and "LLAMA_CPP_PYTHON" in job["env"]
+    key_step = step_by_id(job, "wheel")
+    assert "$LLAMA_CPP_PYTHON" in key_step["run"] and "$CMAKE_ARGS" in key_step["run"]
+    cache = step_by_id(job, "wheel-cache")
+    assert uses(cache).startswith("actions/cache@") and "steps.wheel.outputs.key" in cache["with"]["key"]
+    build = next(s for s in job["steps"] if "pip wheel" in s.get("run", ""))
+    assert build["if"] == "steps.wheel-cache.outputs.cache-hit != 'true'"
+    install = next(s for s in job["steps"] if "--only-binary" in s.get("run", ""))
+    assert "--find-links" in install["run"]
+
+
+def test_the_test_job_installs_chromium_for_the_browser_test(gate_wf):
+    """tests/test_history_page.py skips without a chromium binary; the hosted test job
+    installs Debian's package before the suite, so the page is opened in a browser there."""
+    steps = gate_wf["jobs"]["test"]["steps"]
+    names = [s.get("run", "") for s in steps]
+    install = next(i for i, r in enumerate(names) if "apt-get install" in r and "command -v chromium" in r)
+    suite = next(i for i, r in enumerate(names) if ".ci/run" in r)
+    assert install < suite
+    assert "CHROMIUM = shutil.which(\"chromium\")" in (ROOT / "tests" / "test_history_page.py").read_text()

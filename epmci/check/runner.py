@@ -27,7 +27,7 @@ from ..contract.process import EngineCommand
 from ..errors import InputError
 from ..gguf.facts import ModelFacts
 from ..gguf.file import ModelFile
-from ..perf.machine import cpu_count
+from ..perf.machine import cpu_count, fingerprint
 from ..perf.settings import for_model
 from ..synth.presets import PRESETS
 from ..synth.store import cached_model_path, resolve_model
@@ -91,7 +91,8 @@ def run_check(cfg: CheckConfig, progress: Progress | None = None, *, build: bool
     wd: Path | None = None
     try:
         model_path, mf = _model(cfg, say)
-        report.meta.update(model=str(model_path), model_setting=cfg.model)
+        report.meta.update(model=str(model_path), model_setting=cfg.model, profile=cfg.perf.profile,
+                           machine=fingerprint(model_path.parent))
         cfg, derived = for_model(cfg, mf)
         report.meta["settings_derived"] = derived
         for line in derived:

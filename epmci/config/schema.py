@@ -168,6 +168,9 @@ class PerfConfig:
     missing_baseline: str = "auto"   # no golden for the profile and model: auto (fail in CI, else skip) | fail | skip
     rss_growth_pct: float = 10.0     # peak RSS may exceed golden's by the larger of this share ...
     rss_growth_mb: float = 16.0      # ... and this many MiB
+    drift_max: float = 0.03          # epmci history: worse than this since the last rebaseline fails (perf/history.py)
+    drift_recent: int = 3            # epmci history: newest entries whose median is "now"
+    drift_pvalue: float = 0.01       # epmci history: E-Divisive's permutation test
 
 
 @dataclass

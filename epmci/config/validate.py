@@ -167,6 +167,12 @@ def validate_perf(p: PerfConfig, where: str) -> None:
         raise InputError(where, f"perf.missing_baseline must be auto, fail or skip, got {p.missing_baseline!r}")
     if not (p.rss_growth_pct >= 0 and p.rss_growth_mb >= 0):
         raise InputError(where, "perf.rss_growth_pct and perf.rss_growth_mb must be >= 0")
+    if not 0 < p.drift_max < 1:
+        raise InputError(where, f"perf.drift_max must be in (0, 1), got {p.drift_max}")
+    if isinstance(p.drift_recent, bool) or not isinstance(p.drift_recent, int) or p.drift_recent < 1:
+        raise InputError(where, f"perf.drift_recent must be an integer >= 1, got {p.drift_recent!r}")
+    if not 0 < p.drift_pvalue < 0.5:
+        raise InputError(where, f"perf.drift_pvalue must be in (0, 0.5), got {p.drift_pvalue}")
     if p.inconclusive not in INCONCLUSIVE:
         raise InputError(where, f"perf.inconclusive must be one of {', '.join(INCONCLUSIVE)}, "
                                 f"got {p.inconclusive!r}")

@@ -18,6 +18,7 @@ from ..gguf.identity import model_identity
 from . import abba
 from .golden import Golden, find, golden_path, golden_root
 from .machine import fingerprint
+from .settings import for_model
 
 
 @dataclass
@@ -42,10 +43,25 @@ class PerfPlan:
 
     def scenario_specs(self, name: str, routing: str | None = None) -> list[RunSpec]:
         """The scenario's run per prompt; `routing`: the --profile-out file its hot pins read."""
-        pc = self.cfg.perf
-        fixed = {"n_predict": pc.n_predict, "ctx": pc.ctx, "batch": pc.batch, "threads": self.cfg.engine.threads,
-                 "arena_fraction": pc.arena_fraction, "ram_budget_mb": pc.ram_budget_mb}
-        return [EXPERIMENTS[name].spec(p, fixed, self.facts, routing) for p in pc.prompts]
+        return [scenario_spec(self.cfg, self.facts, name, p, routing) for p in self.cfg.perf.prompts]
+
+
+def scenario_spec(cfg: CheckConfig, facts: ModelFacts, name: str, prompt: str, routing: str | None = None) -> RunSpec:
+    """Scenario `name`'s run of `prompt` with the perf settings of cfg (derived for the model)."""
+    pc = cfg.perf
+    fixed = {"n_predict": pc.n_predict, "ctx": pc.ctx, "batch": pc.batch, "threads": cfg.engine.threads,
+             "arena_fraction": pc.arena_fraction, "ram_budget_mb": pc.ram_budget_mb}
+    return EXPERIMENTS[name].spec(prompt, fixed, facts, routing)
+
+
+def timed_scenario(cfg: CheckConfig, model: Path, name: str = "baseline") -> tuple[CheckConfig, ModelFacts, RunSpec]:
+    """What the perf suite times for scenario `name` on `model` (its first prompt's run), for
+    the benchmarks that measure it outside a check: the settings derived for the model, its
+    facts, the run."""
+    mf = ModelFile(model)
+    cfg, _ = for_model(cfg, mf)
+    facts = ModelFacts.of(mf, cfg.run.slot_align, cfg.run.slot_windows)
+    return cfg, facts, scenario_spec(cfg, facts, name, cfg.perf.prompts[0])
 
 
 def perf_settings(cfg: CheckConfig) -> dict:
