@@ -5,6 +5,7 @@
                                  [--model M] [--set KEY=VALUE ...]
                                  [--max-minutes 25] [--out docs/perf-data/pairs] [--resume]
     python bench/pairs.py analyse [--out docs/perf-data/pairs] [--decisions 4000] [--set KEY=VALUE ...]
+                                  [--shift 0.99,0.97 [--shift-from unchanged,slow5]]
 
 record: process pairs of `epmci check --perf-base` (epmci.perf.paced.run_pair, the perf
 suite's baseline scenario, perf.base_steps decode steps after perf.base_warmup_steps), base =
@@ -160,7 +161,7 @@ def record(a) -> int:
 def analyse(a) -> int:
     pc = load_config(None, parse_set(a.set)).perf
     gate = dict(pairs=pc.base_pairs, step_pairs=pc.base_more_pairs, max_pairs=pc.base_max_pairs,
-                alpha=pc.base_alpha, floor=pc.base_floor, min_effect=pc.min_effect)
+                alpha=pc.base_alpha, floor=pc.base_floor, min_effect=pc.base_min_effect)
     rows = ["| recording | pairs | median head/base | per-pair noise (sd) | drift rho (p) | DIFFERENT slower "
             "[95 % CI] | SAME | UNKNOWN | pairs/decision (median, mean) | load (median) | p99 verdict fails [95 % CI] |",
             "|---|---:|---:|---:|---|---|---:|---:|---|---:|---|"]
@@ -184,6 +185,22 @@ def analyse(a) -> int:
                     f"{statistics.median(r['load_start'] for r in recs):.2f} | {100 * fails / a.decisions:.2f} % "
                     f"[{100 * f_lo:.2f}, {100 * f_hi:.2f}] |")
     print("\n".join(rows))
+    if a.shift:
+        rows = ["| recording, re-centred to | DIFFERENT slower [95 % CI] | SAME | UNKNOWN | pairs/decision (median, mean) |",
+                "|---|---|---:|---:|---|"]
+        for name in a.shift_from.split(","):
+            values = [pair_value(r) for r in read_recording(Path(a.out) / f"{name}.jsonl")]
+            centre = statistics.median(values)
+            for ratio in (float(x) for x in a.shift.split(",")):
+                shifted = [v - centre + math.log(ratio) for v in values]
+                d = replay(f"{name} x{ratio:g}", shifted, n=a.decisions, rng=rng, **gate)
+                share, lo, hi = d.rate(d.slower)
+                rows.append(f"| {name} -> x{ratio:.3f} | {100 * share:.2f} % [{100 * lo:.2f}, {100 * hi:.2f}] | "
+                            f"{100 * d.same / d.n:.1f} % | {100 * d.unknown / d.n:.1f} % | "
+                            f"{statistics.median(d.pairs_used):.0f}, {statistics.fmean(d.pairs_used):.1f} |")
+        print("\nA recording's per-pair noise around another realized ratio (its values moved so their median is "
+              "log(ratio)):\n")
+        print("\n".join(rows))
     print("\nDecisions in recording order (consecutive pairs, each used once, as --perf-base would have decided):")
     for path in sorted(Path(a.out).glob("*.jsonl")):
         made = in_order([pair_value(r) for r in read_recording(path)], **gate)
@@ -218,6 +235,10 @@ def main() -> int:
     n.add_argument("--out", default=str(REPO / "docs" / "perf-data" / "pairs"))
     n.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="the gate's settings to replay (perf.min_effect=0.03, ...), as `epmci check --set`")
+    n.add_argument("--shift", metavar="RATIOS", help="also replay recordings re-centred on these head/base ratios "
+                   "(0.99,0.97: a realized 1 %% and 3 %% slowdown with the recording's own noise)")
+    n.add_argument("--shift-from", default="unchanged,unchanged-busy,slow5", metavar="NAMES",
+                   help="the recordings --shift re-centres")
     a = ap.parse_args()
     if a.cmd == "record" and (a.pairs < 1 or a.max_minutes <= 0):
         die("--pairs must be >= 1 and --max-minutes > 0")

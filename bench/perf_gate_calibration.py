@@ -14,6 +14,9 @@ on the ci model, one gate decision per trial:
     for X / (100 - X) times the step's own CPU time, so X % more of its time is compute
     (by CPU time, not wall time: a spin timed by the wall clock is preempted on a loaded
     box, overshoots, and made "5 %" 13 % in the first trials; a sleep overshoots more);
+  - `fixedX`: the same spin, but a constant amount per step (X / (100 - X) times the median
+    CPU time of its first 4 decode steps, the paced warm-up): a cost that does not move with
+    each step's own noise, as a code change's would not;
   - `ioX`: the head's expert reads slowed: issuing every `--io-every`-th expert read
     (ExpertIO.submit, the read path of engine/paging/expert_io.py) first sleeps
     `--io-delay-ms` on the issuing thread -- waiting, not compute. On a loaded box any sleep
@@ -66,6 +69,7 @@ from epmci.synth.store import resolve_model  # noqa: E402
 
 COMPUTE_WRAPPER = """
 import sys, time
+sys.modules.setdefault("scipy.linalg", None)   # as `python -m engine` does (engine/__main__.py)
 import engine.cli, engine.runtime as R
 SLOW = {factor!r}          # extra decode work, relative to the CPU time of the decode step itself
 _eval = R.Engine.eval
@@ -83,8 +87,41 @@ R.Engine.eval = eval
 sys.exit(engine.cli.main())
 """
 
+# The same extra compute, but a constant amount per step and inside it: the median CPU time
+# of the first CALIBRATE decode steps (the paced warm-up) times X / (100 - X), spun at the
+# start of every later step -- a cost that does not move with each step's own noise, as a
+# code change's. (Spun after the step instead, it made the head 1-3 % *faster* on this VM:
+# a vCPU kept busy wakes the next step sooner, so a spin that extends the step's idle-free
+# tail is not a slowdown a code change would cause.)
+FIXED_WRAPPER = """
+import statistics, sys, time
+sys.modules.setdefault("scipy.linalg", None)   # as `python -m engine` does (engine/__main__.py)
+import engine.cli, engine.runtime as R
+SLOW, CALIBRATE = {factor!r}, 4
+_eval, _seen = R.Engine.eval, []
+def eval(self, tokens, phase="prefill", *args, **kw):
+    if phase != "decode":
+        return _eval(self, tokens, phase, *args, **kw)
+    if len(_seen) < CALIBRATE:
+        c0 = time.process_time()
+        out = _eval(self, tokens, phase, *args, **kw)
+        _seen.append(time.process_time() - c0)
+        return out
+    t1 = time.perf_counter()
+    end = time.process_time() + statistics.median(_seen) * SLOW
+    while time.process_time() < end:
+        pass
+    spun = time.perf_counter() - t1
+    out = _eval(self, tokens, phase, *args, **kw)
+    self._phase("decode").seconds += spun
+    return out
+R.Engine.eval = eval
+sys.exit(engine.cli.main())
+"""
+
 IO_WRAPPER = """
 import itertools, sys, time
+sys.modules.setdefault("scipy.linalg", None)   # as `python -m engine` does (engine/__main__.py)
 import engine.cli
 from engine.paging import expert_io
 DELAY, EVERY = {delay!r}, {every!r}   # seconds of extra latency on every EVERY-th expert read
@@ -121,10 +158,13 @@ def heads(tmp: Path, names: list[str], io_delay_s: float, io_every: int) -> dict
         elif name.startswith("slow"):
             x = float(name[4:]) / 100
             out[name] = wrapper(tmp, name, COMPUTE_WRAPPER.format(factor=x / (1 - x)))
+        elif name.startswith("fixed"):
+            x = float(name[5:]) / 100
+            out[name] = wrapper(tmp, name, FIXED_WRAPPER.format(factor=x / (1 - x)))
         elif name.startswith("io"):
             out[name] = wrapper(tmp, name, IO_WRAPPER.format(delay=io_delay_s, every=io_every))
         else:
-            raise SystemExit(f"unknown condition {name!r} (unchanged, slowX, ioX)")
+            raise SystemExit(f"unknown condition {name!r} (unchanged, slowX, fixedX, ioX)")
     return out
 
 
@@ -145,7 +185,7 @@ def paced_trial(cfg, model, spec, head: EngineCommand, base: EngineCommand, tmp:
     pc = cfg.perf
     res = run_paced(Side("head", head), Side("base", base), model, paced_spec(spec, pc.base_warmup_steps, pc.base_steps),
                     tmp / "paced", pairs=pc.base_pairs, max_pairs=pc.base_max_pairs, step_pairs=pc.base_more_pairs,
-                    warmup=pc.base_warmup_steps, alpha=pc.base_alpha, floor=pc.base_floor, min_effect=pc.min_effect,
+                    warmup=pc.base_warmup_steps, alpha=pc.base_alpha, floor=pc.base_floor, min_effect=pc.base_min_effect,
                     timeout=cfg.engine.timeout_s)
     if res.failure:
         raise SystemExit(f"[calib] paced decision failed: {res.failure}")

@@ -26,7 +26,7 @@ def staircase_history(path, n_flat: int = 10, n_steps: int = 20) -> None:
     with open(path, "w") as f:
         for i, lv in enumerate(levels):
             f.write(json.dumps({"format": FORMAT, "commit": f"{i:040x}", "profile": "epm-8gb", "model": "ci",
-                                "metrics": {"decode_tok_s/baseline": 30 * lv * (1 + 0.006 * rng.standard_normal()),
+                                "metrics": {"decode_ratio_vs_base/baseline": lv * (1 + 0.005 * rng.standard_normal()),
                                             "peak_rss_mb/baseline": 300 + rng.standard_normal()}}) + "\n")
 
 
@@ -49,8 +49,8 @@ def page(tmp_path_factory):
 
 def test_the_page_holds_a_chart_per_metric_the_verdict_and_the_links(page):
     text = page.read_text()
-    assert text.count("<svg") == 2 and 'id="points-decode-tok-s-baseline"' in text
-    assert 'id=verdict class=fail>DRIFT in decode_tok_s/baseline' in text
+    assert text.count("<svg") == 2 and 'id="points-decode-ratio-vs-base-baseline"' in text
+    assert 'id=verdict class=fail>DRIFT in decode_ratio_vs_base/baseline' in text
     assert 'href="junit.xml"' in text and 'href="summary.md"' in text
     assert "x0.9951" in text and "[0.9862, 1.0041]" in text
 
@@ -61,8 +61,8 @@ def test_chromium_renders_the_charts_with_their_points(page, tmp_path):
                           page.as_uri()], capture_output=True, text=True, timeout=120)
     assert dom.returncode == 0, dom.stderr[-2000:]
     # the browser parsed the inline SVG: the points' group holds the line drawn through 30 entries
-    assert '<g id="points-decode-tok-s-baseline">' in dom.stdout
-    assert 'id="change-point-decode-tok-s-baseline-' in dom.stdout
+    assert '<g id="points-decode-ratio-vs-base-baseline">' in dom.stdout
+    assert 'id="change-point-decode-ratio-vs-base-baseline-' in dom.stdout
     shot = tmp_path / "page.png"
     r = subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={tmp_path / 'profile2'}", f"--screenshot={shot}",
                         "--window-size=1200,1400", "--hide-scrollbars", page.as_uri()],

@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 import scipy.stats as st
 
+from epmci.config.schema import PerfConfig
+
 from epmci.compare.stats import (DIFFERENT, SAME, UNKNOWN, bootstrap_ci, compare_paired, compare_samples,
                          mann_whitney_u, sign_test_p, wilcoxon_signed_rank_p)
 
@@ -178,38 +180,41 @@ def gate_alpha_per_look() -> float:
 
 def paced_verdicts(effect: float, sd: float, n: int, trials: int, alpha: float | None = None, seed: int = 0):
     """Verdicts of compare_paced on `trials` synthetic decisions: n pair samples, log tok/s
-    ratio normal(log(1 - effect), sd)."""
+    ratio normal(log(1 - effect), sd), at the gate's floor and minimum effect."""
     from epmci.compare.stats import compare_paced
+    pc = PerfConfig()
     alpha = gate_alpha_per_look() if alpha is None else alpha
     rng = np.random.default_rng(seed)
     out = {"slower": 0, "faster": 0, SAME: 0, UNKNOWN: 0}
     for _ in range(trials):
-        c = compare_paced(rng.normal(math.log(1 - effect), sd, n), alpha, 0.02, 0.05, 10.0, 10.0 * (1 - effect))
+        c = compare_paced(rng.normal(math.log(1 - effect), sd, n), alpha, pc.base_floor, pc.base_min_effect,
+                          10.0, 10.0 * (1 - effect))
         key = ("slower" if c.ratio < 1 else "faster") if c.verdict == DIFFERENT else c.verdict
         out[key] += 1
     return out
 
 
-def test_paced_rule_keeps_false_alarms_under_alpha():
-    """No change, pair noise 2 %: the one-sided test at alpha calls it slower at most alpha of
-    the time (measured here on 4000 synthetic decisions at alpha 0.05, where the rate is visible)."""
-    v = paced_verdicts(0.0, 0.02, 6, 4000, alpha=0.05)
-    assert v["slower"] / 4000 < 0.05 * 1.25 and v["slower"] > 0     # the floor of 2 % removes some of the 5 %
-    v = paced_verdicts(0.0, 0.02, 6, 2000)                           # the gate's alpha per look
-    assert v["slower"] <= gate_alpha_per_look() * 2000 * 2 and v[SAME] > 1400
+def test_paced_rule_fails_a_change_at_the_floor_at_most_alpha_of_the_time():
+    """A head exactly `floor` slower is where DIFFERENT starts: the upper bound is under 1 -
+    floor at most alpha of the time, whatever the noise (measured at alpha 0.05, where the
+    rate is visible); a smaller change fails less often, an unchanged head never."""
+    floor = PerfConfig().base_floor
+    for sd in (0.005, 0.02):
+        v = paced_verdicts(floor, sd, 6, 4000, alpha=0.05)
+        assert 0 < v["slower"] / 4000 < 0.05 * 1.25, v
+    v = paced_verdicts(0.0, 0.01, 6, 2000)
+    assert v["slower"] == 0 and v[SAME] > 1400
 
 
-def test_paced_rule_detects_a_5_percent_slowdown_at_its_design_noise():
-    """True 5 % slowdown, at the gate's alpha per look: with 6 pairs of 1.5 % noise the first
-    look calls it slower >= 95 % of the time; with 3 % noise it decides about 60 % at the first
-    look and leaves the rest UNKNOWN (which buys pairs); never faster, and SAME no more often
-    than the confidence bound may miss."""
-    v = paced_verdicts(0.05, 0.015, 6, 1000)
+def test_paced_rule_detects_a_3_percent_slowdown_at_its_design_noise():
+    """True 3 % slowdown: with 6 pairs of 0.5 % noise the first look calls it slower >= 95 %
+    of the time; with 1.5 % noise it decides some at the first look and leaves the rest
+    UNKNOWN (which buys pairs); never faster, and SAME no more often than the confidence
+    bound may miss."""
+    v = paced_verdicts(0.03, 0.005, 6, 1000)
     assert v["slower"] >= 950 and v[SAME] == 0 and v["faster"] == 0
-    v = paced_verdicts(0.05, 0.03, 6, 1000)      # 605 slower, 394 UNKNOWN (seed 0)
-    # a true slowdown of exactly min_effect is called SAME only as often as the confidence
-    # bound may miss (alpha per look): 1 in 1000 here
-    assert v["slower"] > 500 and v[UNKNOWN] > 300 and v["faster"] == 0
+    v = paced_verdicts(0.03, 0.015, 6, 1000)
+    assert v["slower"] > 100 and v[UNKNOWN] > 300 and v["faster"] == 0
     assert v[SAME] <= 2 * gate_alpha_per_look() * 1000
 
 
@@ -217,23 +222,23 @@ def test_paced_rule_exact_cases():
     from epmci.compare.stats import compare_paced
     a = 0.01 / 4
     # every pair 10 % slower, tiny noise: DIFFERENT, regressed, bounds around 0.9
-    c = compare_paced([math.log(0.9) + e for e in (0.001, -0.001, 0.0005, 0, -0.0005, 0.0002)], a, 0.02, 0.05, 10, 9)
+    c = compare_paced([math.log(0.9) + e for e in (0.001, -0.001, 0.0005, 0, -0.0005, 0.0002)], a, 0.0125, 0.03, 10, 9)
     assert c.verdict == DIFFERENT and c.regressed and c.ratio == pytest.approx(0.9, abs=1e-3)
     assert c.ci[0] < c.ratio < c.ci[1] and c.p_value < 1e-6 and c.n_current == 6
-    # a clear 1 % slowdown is under the 2 % floor: SAME (under the 5 % minimum effect), not DIFFERENT
-    c = compare_paced([math.log(0.99) + e for e in (0.001, -0.001, 0.0005, 0, -0.0005, 0.0002)], a, 0.02, 0.05, 10, 9.9)
-    assert c.verdict == SAME and c.p_value < a
-    # 3 % slower with 3 % noise: can neither say slower nor rule out 5 %
-    c = compare_paced([math.log(0.97) + e for e in (0.03, -0.03, 0.02, -0.02, 0.01, -0.01)], a, 0.02, 0.05, 10, 9.7)
+    # a clear 1 % slowdown is inside the 1.25 % floor: SAME (under the 3 % minimum effect), not DIFFERENT
+    c = compare_paced([math.log(0.99) + e for e in (0.001, -0.001, 0.0005, 0, -0.0005, 0.0002)], a, 0.0125, 0.03, 10, 9.9)
+    assert c.verdict == SAME and c.p_value > 0.5
+    # 2 % slower with 2 % noise: can neither say more than 1.25 % slower nor rule out 3 %
+    c = compare_paced([math.log(0.98) + e for e in (0.02, -0.02, 0.015, -0.015, 0.01, -0.01)], a, 0.0125, 0.03, 10, 9.8)
     assert c.verdict == UNKNOWN
     # clearly faster: DIFFERENT (a pass), not a regression
-    c = compare_paced([math.log(1.2)] * 5 + [math.log(1.21)], a, 0.02, 0.05, 10, 12)
+    c = compare_paced([math.log(1.2)] * 5 + [math.log(1.21)], a, 0.0125, 0.03, 10, 12)
     assert c.verdict == DIFFERENT and not c.regressed
-    # identical pairs with no spread: the sign is certain
-    c = compare_paced([math.log(0.9)] * 6, a, 0.02, 0.05, 10, 9)
+    # identical pairs with no spread: no doubt
+    c = compare_paced([math.log(0.9)] * 6, a, 0.0125, 0.03, 10, 9)
     assert c.verdict == DIFFERENT and c.p_value < 1e-12 and c.ci == (pytest.approx(0.9), pytest.approx(0.9))
     with pytest.raises(ValueError):
-        compare_paced([0.1], a, 0.02, 0.05, 1, 1)
+        compare_paced([0.1], a, 0.0125, 0.03, 1, 1)
 
 
 def test_latency_percentiles_and_cpu_diagnosis():

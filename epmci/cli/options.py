@@ -50,7 +50,9 @@ def add_perf_args(c: argparse.ArgumentParser) -> None:
     c.add_argument("--allow-missing-baseline", action="store_true",
                    help="no golden baseline for the profile and model is a skip, also in CI (perf.missing_baseline)")
     c.add_argument("--perf-base", metavar="REF",
-                   help="also measure the engine of git REF against this one, interleaved (ABBA pairs)")
+                   help="also measure the engine of git REF against this one in the same run: both alive, their "
+                        "decode steps interleaved in process pairs (whole-run ABBA pairs when an engine cannot be "
+                        "paced); SAME means at most perf.base_min_effect slower (docs/perf-gate.md)")
 
 
 def config_from_args(a: argparse.Namespace) -> CheckConfig:

@@ -261,27 +261,30 @@ def compare_paced(pair_log_ratios, alpha: float, floor: float, min_effect: float
     """The verdict of per-step interleaved process pairs (epmci.perf.paced).
 
     Each process pair gives one value: the robust centre of its per-step log tok/s ratios
-    log(head/base) (negative: head slower). On those n values, one-sided t tests:
-    p_value = P(mean this low | no change), the test for a slowdown; `ci` is the pair of
-    one-sided (1 - alpha) bounds of the tok/s ratio head/base = exp(mean).
+    log(head/base) (negative: head slower). On those n values, with the mean m, its standard
+    error s and the one-sided t quantile q of 1 - alpha, the ratio head/base = exp(m) has the
+    one-sided (1 - alpha) bounds `ci` = (exp(m - q s), exp(m + q s)):
 
-    DIFFERENT: significant (one-sided, either direction, p < alpha) and the estimated ratio
-    at least `floor` away from 1. SAME: the lower bound says the head is at most
-    `min_effect` slower. Otherwise UNKNOWN (more pairs may decide).
-    `baseline` and `current` (tok/s of each side) are reported, not tested.
+    DIFFERENT: the whole interval is more than `floor` away from 1 -- the upper bound under
+    1 - floor (slower: confident the head lost more than `floor`), or the lower bound over
+    1 + floor (faster). A true change of exactly `floor` is called DIFFERENT at most alpha
+    of the time whatever the noise, so a change inside +-floor never fails more often.
+    SAME: the lower bound says the head is at most `min_effect` slower. Otherwise UNKNOWN
+    (more pairs narrow the interval). `p_value` is the t test's for "slower by more than
+    floor". `baseline` and `current` (tok/s of each side) are reported, not tested.
     """
     m, se, df = one_sided_t(pair_log_ratios)
+    margin = math.log(1.0 - floor) if floor < 1 else -math.inf
     if se > 0:
-        t = m / se
-        p_slower, p_faster = student_t_cdf(t, df), student_t_cdf(-t, df)
         half = student_t_ppf(1.0 - alpha, df) * se
-    else:    # every pair gave the same value: no doubt about the sign
-        p_slower, p_faster = (0.0, 1.0) if m < 0 else ((1.0, 0.0) if m > 0 else (1.0, 1.0))
+        p_slower = student_t_cdf((m - margin) / se, df)
+    else:    # every pair gave the same value: no doubt about it
         half = 0.0
+        p_slower = 0.0 if m < margin else 1.0
     ratio = math.exp(m)
     ci = (math.exp(m - half), math.exp(m + half))
     n = len(pair_log_ratios)
-    if (p_slower < alpha and ratio <= 1.0 - floor) or (p_faster < alpha and ratio >= 1.0 + floor):
+    if ci[1] < 1.0 - floor or ci[0] > 1.0 + floor:
         verdict = DIFFERENT
     elif ci[0] > 1.0 - min_effect:
         verdict = SAME

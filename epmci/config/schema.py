@@ -154,11 +154,12 @@ class PerfConfig:
     base_mode: str = "paced"         # --perf-base: paced (per-step interleaved; ABBA when it cannot) | abba
     base_pairs: int = 6              # paced: process pairs before the first verdict
     base_more_pairs: int = 6         # paced: UNKNOWN buys this many more pairs at a time...
-    base_max_pairs: int = 12         # ...up to this many
+    base_max_pairs: int = 24         # ...up to this many
     base_steps: int = 96             # paced: measured decode steps per process
     base_warmup_steps: int = 4       # paced: interleaved decode steps before the measured ones
     base_alpha: float = 0.01         # paced: false-alarm budget of a decision (one-sided), split over its looks
-    base_floor: float = 0.02         # paced: smallest estimated slowdown a DIFFERENT verdict needs
+    base_floor: float = 0.0125       # paced: DIFFERENT needs the whole interval this far from no change
+    base_min_effect: float = 0.03    # paced: SAME says the head is at most this much slower (docs/perf-gate.md)
     p99_max_ratio: float = 1.5       # paced: fail when the head's p99 inter-token latency is this many times the base's
     abba_pairs: int = 8              # ABBA: pairs before the first verdict
     abba_max_pairs: int = 12         # ABBA: UNKNOWN buys two more pairs at a time, up to this many

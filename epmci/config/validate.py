@@ -149,8 +149,11 @@ def validate_perf(p: PerfConfig, where: str) -> None:
         raise InputError(where, f"perf.base_mode must be one of {', '.join(BASE_MODES)}, got {p.base_mode!r}")
     if not 0 < p.base_alpha < 0.5:
         raise InputError(where, f"perf.base_alpha must be in (0, 0.5), got {p.base_alpha}")
-    if not 0 <= p.base_floor <= p.min_effect:
-        raise InputError(where, f"perf.base_floor must be in [0, perf.min_effect = {p.min_effect}], got {p.base_floor}")
+    if not 0 < p.base_min_effect < 1:
+        raise InputError(where, f"perf.base_min_effect must be in (0, 1), got {p.base_min_effect}")
+    if not 0 <= p.base_floor <= p.base_min_effect:
+        raise InputError(where, f"perf.base_floor must be in [0, perf.base_min_effect = {p.base_min_effect}], "
+                                f"got {p.base_floor}")
     if not p.p99_max_ratio > 1:
         raise InputError(where, f"perf.p99_max_ratio must be > 1, got {p.p99_max_ratio}")
     if not 0 < p.arena_fraction <= 1:

@@ -61,7 +61,7 @@ def versus_base(ctx: CheckContext, plan: PerfPlan, scen: str, names: list[str]) 
                     res = run_paced(head, base, ctx.model_path, paced_spec(spec, pc.base_warmup_steps, pc.base_steps),
                                     ctx.dir(f"perf-base-{scen}"), pairs=pc.base_pairs, max_pairs=pc.base_max_pairs,
                                     step_pairs=pc.base_more_pairs, warmup=pc.base_warmup_steps, alpha=pc.base_alpha,
-                                    floor=pc.base_floor, min_effect=pc.min_effect, timeout=timeout,
+                                    floor=pc.base_floor, min_effect=pc.base_min_effect, timeout=timeout,
                                     min_arena_mb=min_arena_mib(spec, ctx.facts))
                     return _paced_verdicts(ctx, plan, names, res, props)
                 except Unpaceable as e:
@@ -77,7 +77,7 @@ def versus_base(ctx: CheckContext, plan: PerfPlan, scen: str, names: list[str]) 
 def _paced_verdicts(ctx, plan, names, res: PacedResult, props: dict) -> list[CheckResult]:
     pc = ctx.cfg.perf
     props.update(mode="paced", steps=pc.base_steps, warmup_steps=pc.base_warmup_steps, seed=res.seed,
-                 alpha=pc.base_alpha, alpha_per_look=round(res.alpha, 6), min_effect=pc.min_effect,
+                 alpha=pc.base_alpha, alpha_per_look=round(res.alpha, 6), min_effect=pc.base_min_effect,
                  floor=pc.base_floor, memory=res.memory)
     if res.reduced_arena:
         props["reduced_arena"] = res.reduced_arena
@@ -101,7 +101,8 @@ def _paced_verdicts(ctx, plan, names, res: PacedResult, props: dict) -> list[Che
     what = (f"decode tok/s head {c.current:.2f} vs base {c.baseline:.2f} at {plan.base_sha[:12]} (paced: "
             f"{res.n_pairs} process pairs x {pc.base_steps} interleaved decode steps; head/base x{c.ratio:.3f}, "
             f"one-sided {level} bounds [{c.ci[0]:.3f}, {c.ci[1]:.3f}], t test p={c.p_value:.3g} vs "
-            f"{res.alpha:.3g} per look, min effect {pc.min_effect:.0%}; CPU time x{res.cpu_ratio:.3f}): "
+            f"{res.alpha:.3g} per look, SAME within {pc.base_min_effect:.0%}, DIFFERENT past {pc.base_floor:.0%}; "
+            f"CPU time x{res.cpu_ratio:.3f}): "
             f"{c.verdict}")
     if busy and statistics.median(busy) >= BUSY_WARN_PCT:
         what += f" -- other processes used a median {statistics.median(busy):.0f}% of the CPU meanwhile"
