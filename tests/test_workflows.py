@@ -46,6 +46,7 @@ ACTIONS = {
     "actions/setup-python": "v7",
     "actions/cache": "v5",
     "actions/upload-artifact": "v7",
+    "actions/download-artifact": "v7",     # node24 since v7.0.0 (looked up 2026-12-07)
     "mikepenz/action-junit-report": "v6",
     "peter-evans/create-pull-request": "v8",
 }
@@ -420,7 +421,7 @@ def test_gate_check_uses_the_profile_and_the_perf_base(gate_wf):
     assert any("--perf-base" in a for a in checks)
     env = step_by_id(gate_wf["jobs"]["gate"], "base")["env"]
     assert env["PR_BASE"] == "${{ github.event.pull_request.base.sha }}"
-    assert env["PUSH_BEFORE"] == "${{ github.event.before }}"
+    assert "git log -1 --format=%H HEAD -- golden/epm-8gb/" in step_by_id(gate_wf["jobs"]["gate"], "base")["run"]
 
 
 def test_gate_runs_every_gate_model(gate_wf, golden_wf):
@@ -580,6 +581,12 @@ def _stub(bin_dir: Path, name: str, body: str) -> None:
 
 _GIT_STUB = """import os, sys
 a = sys.argv[1:]
+if a[:2] == ["log", "-1"]:            # the last commit that changed golden/
+    print(os.environ.get("GOLDEN_SHA", ""))
+    sys.exit(0)
+if a[:2] == ["rev-parse", "HEAD"]:
+    print(os.environ.get("HEAD_SHA", "c" * 40))
+    sys.exit(0)
 if a[:2] == ["cat-file", "-e"]:
     sys.exit(0 if a[2].split("^")[0] in os.environ.get("KNOWN_SHAS", "").split() else 1)
 if a[:1] == ["fetch"]:
@@ -616,17 +623,17 @@ SHA_A = "a" * 40
 SHA_B = "b" * 40
 
 
-@pytest.mark.parametrize("event,pr_base,before,known,want", [
+@pytest.mark.parametrize("event,pr_base,golden,known,want", [
     ("pull_request", SHA_A, "", SHA_A, SHA_A),
-    ("push", "", SHA_B, SHA_B, SHA_B),
-    ("push", "", "0" * 40, "", ""),             # first push of a new branch
-    ("push", "", "", "", ""),
-    ("push", "", SHA_B, "", ""),                # force-pushed away: not reachable
+    ("push", "", SHA_B, SHA_B, SHA_B),          # main against its last golden re-recording
+    ("push", "", "c" * 40, "c" * 40, ""),       # this push re-records golden: nothing to compare with
+    ("push", "", "", "", ""),                   # golden never recorded
+    ("push", "", SHA_B, "", ""),                # not reachable
 ])
-def test_perf_base_step(gate_wf, tmp_path, event, pr_base, before, known, want):
+def test_perf_base_step(gate_wf, tmp_path, event, pr_base, golden, known, want):
     step = step_by_id(gate_wf["jobs"]["gate"], "base")
-    r, outputs = _run_step(step, tmp_path, {"EVENT": event, "PR_BASE": pr_base,
-                                            "PUSH_BEFORE": before, "KNOWN_SHAS": known})
+    r, outputs = _run_step(step, tmp_path, {"EVENT": event, "PR_BASE": pr_base, "GOLDEN_SHA": golden,
+                                            "KNOWN_SHAS": known})
     assert r.returncode == 0, r.stderr
     assert outputs.get("sha") == want, (outputs, r.stdout)
 
@@ -835,3 +842,21 @@ def test_the_test_job_installs_chromium_for_the_browser_test(gate_wf):
     suite = next(i for i, r in enumerate(names) if ".ci/run" in r)
     assert install < suite
     assert "CHROMIUM = shutil.which(\"chromium\")" in (ROOT / "tests" / "test_history_page.py").read_text()
+
+
+def test_the_history_job_appends_main_s_reports_and_fails_on_drift(gate_wf):
+    """Pushes to main only, after the gate, one writer at a time, the only job that may
+    write; it appends (with --rebaseline when golden changed), checks, and publishes the
+    history whatever the verdict, then exits with the check's code."""
+    job = gate_wf["jobs"]["history"]
+    assert job["needs"] == "gate" and "github.event_name == 'push'" in job["if"]
+    assert "refs/heads/main" in job["if"] and "fork" in job["if"]
+    assert job["permissions"] == {"contents": "write"} and gate_wf["permissions"] == {"contents": "read"}
+    assert job["concurrency"]["cancel-in-progress"] is False
+    assert job["strategy"]["matrix"]["model"] == gate_wf["jobs"]["gate"]["strategy"]["matrix"]["model"]
+    dl = next(s for s in job["steps"] if uses(s).startswith("actions/download-artifact@"))
+    up = next(s for s in gate_wf["jobs"]["gate"]["steps"] if uses(s).startswith("actions/upload-artifact@"))
+    assert dl["with"]["name"] == up["with"]["name"]
+    script = next(s["run"] for s in job["steps"] if "epmci history check" in s.get("run", ""))
+    order = [script.index(k) for k in ("history append", "--rebaseline", "history check", "git push", 'exit "$rc"')]
+    assert order == sorted(order)
