@@ -49,6 +49,15 @@ HOSTILE = {
         time.sleep(600)
     """, "engine timed out after 3 s (killed)"),
     "exits 0 having written nothing": ("", "missing (the engine did not write it)"),
+    "fills the disk of its output directory": ("""
+        import os, time
+        out = os.path.dirname(sys.argv[sys.argv.index("--stats-file") + 1])
+        with open(os.path.join(out, "fill.bin"), "wb") as f:
+            for _ in range(256):
+                f.write(b"z" * (1 << 20))
+                f.flush()
+        time.sleep(60)
+    """, "put more than 16 MiB in its output directory (engine.max_disk_mb)"),
 }
 
 
@@ -70,7 +79,7 @@ def test_a_hostile_engine_fails_with_the_reason_and_leaves_nothing(tmp_path, tin
     body, says = HOSTILE[behaviour]
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     rc, rep = run_check(tmp_path, tiny_model, stub_engine(tmp_path, body), "--suites", "determinism",
-                        "--set", "engine.max_output_mb=8", "--set", "engine.timeout_s=3",
+                        "--set", "engine.max_output_mb=8", "--set", "engine.max_disk_mb=16", "--set", "engine.timeout_s=3",
                         "--set", "determinism.threads_alt=[2]")
     grew_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
     assert rc == 1 and not rep.get("tool_error"), rep.get("tool_error")
@@ -252,3 +261,22 @@ def test_a_real_oom_kill_inside_a_capped_cgroup_is_named(tmp_path):
                 break
             except OSError:
                 time.sleep(0.1)
+
+
+def test_a_started_engine_that_fills_its_output_directory_is_killed(tmp_path):
+    """The paced runs' watcher also bounds the disk of the output directory (polled every
+    second beside a timed engine)."""
+    from epmci.contract.process import EngineCommand, start_engine
+    script = tmp_path / "e.py"
+    script.write_text(textwrap.dedent("""
+        import sys, time
+        with open(sys.argv[1], "wb") as f:
+            for _ in range(256):
+                f.write(b"z" * (1 << 20))
+                f.flush()
+        time.sleep(60)
+    """))
+    engine = EngineCommand((sys.executable, str(script)), False, max_disk_mb=16)
+    run = start_engine(engine, [str(tmp_path / "fill.bin")], tmp_path, timeout=60).finish(60)
+    assert not run.ok and "put more than 16 MiB in its output directory (engine.max_disk_mb)" in run.failure()
+    assert run.seconds < 30

@@ -147,7 +147,7 @@ class CheckContext:
                                      kernels=kernels)
         need = self.run_need_mib(RunSpec("", arena_mb=self.arena_mb(), dump_logits=False))
         with self.memory.hold(need):
-            return run_engine(self.engine, args, timeout=self.cfg.engine.timeout_s, label=label)
+            return run_engine(self.engine, args, timeout=self.cfg.engine.timeout_s, label=label, out_dir=out)
 
     # -------------------------------------------------------------- reference facts
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from ..compare.arrays import Tolerance
 from ..compare.logits import MODES
-from ..contract.process import MAX_OUTPUT_MB
+from ..contract.process import MAX_DISK_MB, MAX_OUTPUT_MB
 
 CONFIG_NAME = "epmci.yaml"
 SUITE_NAMES = ("contract", "kernel", "layer", "prefetch-stress", "determinism", "e2e", "model", "switches", "budget",
@@ -33,6 +33,7 @@ class EngineConfig:
     env: dict[str, str] = field(default_factory=dict)
     features: list[str] | None = None    # None: as the engine's --contract-info declares; a list overrides it
     max_output_mb: float = MAX_OUTPUT_MB  # stdout + stderr one engine run may write; past it the run is killed and fails
+    max_disk_mb: float = MAX_DISK_MB      # disk one engine run may take in its output directory; past it killed, fails
 
 
 @dataclass

@@ -32,8 +32,10 @@ def validate(cfg: CheckConfig) -> None:
                          ("e2e.n_predict", cfg.e2e.n_predict, 1)):
         if val < lo:
             raise InputError(w, f"{key} must be >= {lo}, got {val}")
-    if isinstance(e.max_output_mb, (str, bool)) or not e.max_output_mb > 0:
-        raise InputError(w, f"engine.max_output_mb must be a number of MiB > 0, got {e.max_output_mb!r}")
+    for name in ("max_output_mb", "max_disk_mb"):
+        v = getattr(e, name)
+        if isinstance(v, (str, bool)) or not v > 0:
+            raise InputError(w, f"engine.{name} must be a number of MiB > 0, got {v!r}")
     for key, t in (("engine.timeout_s", e.timeout_s), ("engine.build_timeout_s", e.build_timeout_s)):
         if t == "auto" and key == "engine.timeout_s":
             continue

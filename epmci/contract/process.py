@@ -26,6 +26,8 @@ from .outputs import engine_error_line, slot_errors, stats_fields
 STDERR_TAIL_LINES = 30
 STDERR_TAIL_CHARS = 4000
 MAX_OUTPUT_MB = 64.0      # engine.max_output_mb: stdout + stderr an engine run may write
+MAX_DISK_MB = 8192.0      # engine.max_disk_mb: what one run may put in its output directory
+DISK_POLL_S = 0.2
 # Contract v1 had no capability declaration and made these features mandatory: an engine whose
 # features were never asked (e.g. an old base engine of --perf-base) is driven as v1 drove it.
 V1_FEATURES = frozenset({"pager", "selftest", "moe_dump", "profile"})
@@ -39,6 +41,7 @@ class EngineCommand:
     root: str | None = None      # bundled engine: the source tree it runs from (None: the installed one)
     features: frozenset[str] | None = None   # what it declared (epmci.contract.capabilities); None: v1
     max_output_mb: float = MAX_OUTPUT_MB     # a run writing more to stdout + stderr is killed
+    max_disk_mb: float = MAX_DISK_MB         # a run putting more in its output directory is killed
 
     @classmethod
     def from_setting(cls, cmd: str | list[str] | None, env: dict | None = None) -> "EngineCommand":
@@ -55,12 +58,14 @@ class EngineCommand:
     def of_settings(cls, engine_cfg, cmd: str | list[str] | None = None) -> "EngineCommand":
         """The engine of the settings' `engine` section (or `cmd` run with them), with its limits."""
         c = cls.from_setting(engine_cfg.cmd if cmd is None else cmd, engine_cfg.env)
-        return dataclasses.replace(c, max_output_mb=float(engine_cfg.max_output_mb))
+        return dataclasses.replace(c, max_output_mb=float(engine_cfg.max_output_mb),
+                                   max_disk_mb=float(engine_cfg.max_disk_mb))
 
     def at(self, root: str | os.PathLike) -> "EngineCommand":
         """The bundled engine of another source tree (a git worktree of --perf-base), whose
         features are not this tree's."""
-        return EngineCommand(self.argv, self.bundled, self.env, str(root), max_output_mb=self.max_output_mb)
+        return EngineCommand(self.argv, self.bundled, self.env, str(root), max_output_mb=self.max_output_mb,
+                             max_disk_mb=self.max_disk_mb)
 
     def with_features(self, features) -> "EngineCommand":
         return dataclasses.replace(self, features=frozenset(features))
@@ -208,9 +213,11 @@ def running() -> list[tuple[str, float]]:
 
 
 def run_engine(cmd: EngineCommand, args: list[str], *, timeout: float, label: str = "",
-               env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None) -> EngineRun:
+               env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None,
+               out_dir: str | os.PathLike | None = None) -> EngineRun:
     """Run `cmd args` with the contract's environment (plus, for the bundled engine of
-    another source tree, that tree on PYTHONPATH); never raises for engine failures."""
+    another source tree, that tree on PYTHONPATH); never raises for engine failures. With
+    `out_dir` (where the run's output files go) the disk it takes there is bounded too."""
     argv, extra, full_env = _launch(cmd, args, env)
     t0, oom_before = time.perf_counter(), oom_kills()
     try:
@@ -223,9 +230,10 @@ def run_engine(cmd: EngineCommand, args: list[str], *, timeout: float, label: st
     with _running_lock:
         _running[key] = (label or shlex.join(argv[-3:]), t0)
     captured = _Capture(p, int(cmd.max_output_mb * MiB))
+    disk = _DiskWatch(out_dir, int(cmd.max_disk_mb * MiB), captured.wake) if out_dir else None
     timed_out = False
     try:
-        exited = _exit_event(p, captured.wake)     # woken by the exit or the output limit, first come
+        exited = _exit_event(p, captured.wake)     # woken by the exit or a limit, first come
         timed_out = not captured.wake.wait(timeout)
         left = len(_session_pids(p.pid)) if exited.is_set() else 0
         _kill_group(p)          # the engine if still going, and anything of its session left behind
@@ -236,11 +244,15 @@ def run_engine(cmd: EngineCommand, args: list[str], *, timeout: float, label: st
         raise
     finally:
         out, err = captured.close()
+        if disk:
+            disk.stop()
         _reaped(p)
         with _running_lock:
             _running.pop(key, None)
     over = (f"it wrote more than {cmd.max_output_mb:g} MiB to stdout and stderr (engine.max_output_mb)"
-            if captured.over.is_set() else None)
+            if captured.over.is_set() else
+            f"it put more than {cmd.max_disk_mb:g} MiB in its output directory (engine.max_disk_mb)"
+            if disk and disk.over.is_set() else None)
     return EngineRun(label, argv, extra, p.returncode, out, err.decode("utf-8", "replace"),
                      time.perf_counter() - t0, timeout, timed_out and not over, over_limit=over,
                      left_running=0 if over or timed_out else left,
@@ -252,6 +264,40 @@ def _killed_for_memory(returncode: int | None, oom_before: int, we_killed_it) ->
     count of its kills in epmci's memory cgroups rose during the run (engines run in
     epmci's cgroup, so a cap on the job is a cap on them)."""
     return returncode == -signal.SIGKILL and not we_killed_it and oom_kills() > oom_before
+
+
+def disk_bytes(path: str | os.PathLike) -> int:
+    """Bytes of disk the files under `path` take (allocated blocks: a sparse file takes
+    what it wrote, not its length)."""
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(root, f)).st_blocks * 512
+            except OSError:
+                pass
+    return total
+
+
+class _DiskWatch:
+    """Polls the disk an engine run's output directory takes; past `limit` bytes sets
+    `over` and `wake` (the caller kills the engine): a run cannot fill the disk epmci and
+    the other runs share."""
+
+    def __init__(self, path: str | os.PathLike, limit: int, wake: threading.Event):
+        self.path, self.limit, self.wake = path, limit, wake
+        self.over, self.done = threading.Event(), threading.Event()
+        threading.Thread(target=self._poll, daemon=True).start()
+
+    def _poll(self) -> None:
+        while not self.done.wait(DISK_POLL_S):
+            if disk_bytes(self.path) > self.limit:
+                self.over.set()
+                self.wake.set()
+                return
+
+    def stop(self) -> None:
+        self.done.set()
 
 
 class _Capture:
@@ -333,12 +379,14 @@ class StartedEngine:
     and whatever it started."""
 
     def __init__(self, label: str, argv: list[str], extra: dict[str, str], out: Path, timeout: float,
-                 max_output_mb: float = MAX_OUTPUT_MB):
+                 max_output_mb: float = MAX_OUTPUT_MB, max_disk_mb: float = MAX_DISK_MB):
         self.label, self.argv, self.extra, self.timeout = label, argv, extra, timeout
+        self.out = out
         self.stdout_path, self.stderr_path = out / "engine.stdout", out / "engine.stderr"
         self.proc: subprocess.Popen | None = None
         self.launch_error: str | None = None
         self.max_output_mb, self.over_limit = max_output_mb, False
+        self.max_disk_mb, self.over_disk, self.polls = max_disk_mb, False, 0
         self.exited = threading.Event()       # set at the exit, before the engine is reaped
         self.t0, self.oom_before = time.perf_counter(), oom_kills()
         self.killed = False                   # by epmci (kill), not by the kernel
@@ -348,16 +396,21 @@ class StartedEngine:
         50 ms: its output goes to files, so a flood would fill the disk, not epmci's memory)."""
         def run() -> None:
             while not self.exited.wait(0.05):
-                if self._output_over():
+                if self._output_over(every=20):
                     _kill_group(self.proc)      # finish() reaps it
                     return
         self.exited = _exit_event(self.proc)
         threading.Thread(target=run, daemon=True).start()
 
-    def _output_over(self) -> bool:
+    def _output_over(self, every: int = 1) -> bool:
+        """Over a limit: stdout + stderr at every call, the output directory's disk at every
+        `every`-th (walking it costs epmci CPU time beside a timed engine)."""
         size = sum(p.stat().st_size for p in (self.stdout_path, self.stderr_path) if p.exists())
         self.over_limit = self.over_limit or size > self.max_output_mb * MiB
-        return self.over_limit
+        self.polls += 1
+        if not self.over_limit and self.polls % every == 0:
+            self.over_disk = self.over_disk or disk_bytes(self.out) > self.max_disk_mb * MiB
+        return self.over_limit or self.over_disk
 
     def poll(self) -> int | None:
         """Its exit code once it has exited (reaping it: call after finish or kill)."""
@@ -384,15 +437,17 @@ class StartedEngine:
                              launch_error=self.launch_error)
         timed_out = not self.exited.wait(max(0.0, timeout))
         self._output_over()                 # also a flood that ended between two polls
-        left = 0 if timed_out or self.over_limit else len(_session_pids(self.proc.pid))
+        left = 0 if timed_out or self.over_limit or self.over_disk else len(_session_pids(self.proc.pid))
         _kill_group(self.proc)
         self.proc.wait()
         _reaped(self.proc)
         over = (f"it wrote more than {self.max_output_mb:g} MiB to stdout and stderr (engine.max_output_mb)"
-                if self.over_limit else None)
-        out = b"" if over else self.stdout_path.read_bytes() if self.stdout_path.exists() else b""
+                if self.over_limit else
+                f"it put more than {self.max_disk_mb:g} MiB in its output directory (engine.max_disk_mb)"
+                if self.over_disk else None)
+        out = b"" if self.over_limit else self.stdout_path.read_bytes() if self.stdout_path.exists() else b""
         return EngineRun(self.label, self.argv, self.extra, self.proc.returncode, out,
-                         "" if over else self.stderr_text(), time.perf_counter() - self.t0, self.timeout,
+                         "" if self.over_limit else self.stderr_text(), time.perf_counter() - self.t0, self.timeout,
                          timed_out and not over, over_limit=over, left_running=left,
                          oom_killed=_killed_for_memory(self.proc.returncode, self.oom_before,
                                                        timed_out or over or self.killed))
@@ -404,7 +459,7 @@ def start_engine(cmd: EngineCommand, args: list[str], out: Path, *, timeout: flo
     """Start `cmd args` as run_engine would, without waiting; `pass_fds` are inherited, and
     `cpus` (when given) are the only CPUs the engine and every thread it starts may run on."""
     argv, extra, full_env = _launch(cmd, args, env)
-    started = StartedEngine(label, argv, extra, Path(out), timeout, cmd.max_output_mb)
+    started = StartedEngine(label, argv, extra, Path(out), timeout, cmd.max_output_mb, cmd.max_disk_mb)
     pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None   # in the child, before exec
     try:
         with open(started.stdout_path, "wb") as so, open(started.stderr_path, "wb") as se:

@@ -87,7 +87,7 @@ def run(engine: EngineCommand, model: str | os.PathLike, spec: RunSpec, out: Pat
     broken one makes it fail; unreadable stats are left to the caller to report)."""
     full_env = _env(spec, env)
     r = run_engine(engine, spec.args(model, out, engine.has("pager")), timeout=timeout, label=label,
-                   env=full_env, cwd=cwd)
+                   env=full_env, cwd=cwd, out_dir=out)
     if promises is not None and r.ok and engine.has("pager") and spec.pager:
         try:
             records = read_stats(out / STATS_FILE, engine.stats_fields())
