@@ -173,12 +173,19 @@ def test_an_engine_lying_in_its_outputs_fails_naming_the_defect(tmp_path, tiny_m
     assert all("Traceback" not in r["message"] for r in res)
 
 
-def test_the_output_limit_is_a_setting_with_its_default_in_the_report(tmp_path, tiny_model):
+def test_the_limits_are_settings_with_defaults_stated_in_the_report(tmp_path, tiny_model):
     from epmci.config.schema import CheckConfig
-    from epmci.contract.process import MAX_OUTPUT_MB
+    from epmci.contract.process import MAX_DISK_MB, MAX_OUTPUT_MB
     assert CheckConfig().engine.max_output_mb == MAX_OUTPUT_MB == 64
+    assert CheckConfig().engine.max_disk_mb == MAX_DISK_MB == 8192
     from epmci.cli import main as epmci_main
     assert epmci_main(["check", "--set", "engine.max_output_mb=0"]) == 2
+    assert epmci_main(["check", "--set", "engine.max_disk_mb=-1"]) == 2
+    rc, rep = run_check(tmp_path, tiny_model, None, "--suites", "contract", "--set", "engine.max_disk_mb=100")
+    assert rc == 0, rep.get("tool_error")
+    limits = rep["meta"]["limits"]
+    assert limits["engine.max_output_mb"] == 64 and limits["engine.max_disk_mb"] == 100
+    assert limits["engine.timeout_s"] > 0
 
 
 def test_an_output_file_larger_than_any_run_writes_is_refused_unread(tmp_path):

@@ -97,6 +97,8 @@ def run_check(cfg: CheckConfig, progress: Progress | None = None, *, build: bool
         report.meta["settings_derived"] = derived
         for line in derived:
             say(f"derived {line}")
+        report.meta["limits"] = run_limits(cfg)
+        say("limits of every engine run: " + ", ".join(f"{k} {v:g}" for k, v in report.meta["limits"].items()))
         wd = _workdir(workdir)
         report.meta["workdir"] = str(wd)
         if build and not _build(cfg, engine, model_path, mf, wd, report, emit, say):
@@ -136,6 +138,13 @@ def _model(cfg: CheckConfig, say: Callable[[str], None]) -> tuple[Path, ModelFil
         return model_path, ModelFile(model_path)
     except InputError as e:
         raise ToolError(f"{e.where}: {e.problem}") from None
+
+
+def run_limits(cfg: CheckConfig) -> dict[str, float]:
+    """What bounds each engine run (docs/CORRECTNESS.md, "Limits"), as the report states them."""
+    e = cfg.engine
+    return {"engine.timeout_s": float(e.timeout_s), "engine.max_output_mb": float(e.max_output_mb),
+            "engine.max_disk_mb": float(e.max_disk_mb)}
 
 
 def _workdir(workdir: str | os.PathLike | None) -> Path:
