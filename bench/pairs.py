@@ -95,13 +95,23 @@ def pair_value(rec: dict, kind: str = "wall") -> float:
     return hodges_lehmann(np.log(b / h))
 
 
-def record(a) -> int:
+def settings(sets: list[str]):
+    """epmci.yaml's settings with `--set KEY=VALUE` items; a bad one is one line, exit 2."""
     try:
-        cfg = load_config(None, parse_set(a.set))
+        return load_config(None, parse_set(sets))
     except InputError as e:
         die(str(e))
-    model = resolve_model(a.model)
-    cfg, facts, spec = timed_scenario(cfg, model)
+
+
+def timed_setup(sets: list[str], model_name: str):
+    """(settings derived for the model, its path, facts, the perf suite's timed run of it)."""
+    model = resolve_model(model_name)
+    cfg, facts, spec = timed_scenario(settings(sets), model)
+    return cfg, model, facts, spec
+
+
+def record(a) -> int:
+    cfg, model, facts, spec = timed_setup(a.set, a.model)
     pc = cfg.perf
     spec = paced_spec(spec, pc.base_warmup_steps, pc.base_steps)
     conditions = [c for c in a.conditions.split(",") if c]
@@ -159,7 +169,7 @@ def record(a) -> int:
 
 
 def analyse(a) -> int:
-    pc = load_config(None, parse_set(a.set)).perf
+    pc = settings(a.set).perf
     gate = dict(pairs=pc.base_pairs, step_pairs=pc.base_more_pairs, max_pairs=pc.base_max_pairs,
                 alpha=pc.base_alpha, floor=pc.base_floor, min_effect=pc.base_min_effect)
     rows = ["| recording | pairs | median head/base | per-pair noise (sd) | drift rho (p) | DIFFERENT slower "

@@ -177,3 +177,19 @@ def test_cli_refuses_bad_input_with_exit_2(tmp_path, capsys):
     assert not (tmp_path / "h").exists()
     assert epmci_main(["history", "check", "--history", str(tmp_path / "none.jsonl"),
                        "--set", "perf.drift_max=2"]) == 2
+
+
+def test_a_step_within_the_series_own_noise_is_no_verdict():
+    """A gated metric whose entries vary by 3 %: E-Divisive finds the 4.5 % step and the
+    newest entries are more than 3 % worse, but their median cannot tell that from the
+    series' noise -- no failure, and the message says why; the same step on a quiet series
+    fails."""
+    rng = np.random.default_rng(6)
+    noisy = [{"format": FORMAT, "commit": f"c{i}", "metrics": {RATIO: (1.0 if i < 15 else 0.955)
+                                                               * (1 + 0.03 * rng.standard_normal())}}
+             for i in range(30)]
+    d = drift(noisy, RULE)[0]
+    assert d.change_points and 1 - d.total > RULE.max_drift      # what would fail without the noise bound
+    assert not d.failed and d.noise > 1 - d.total and "within this series' noise" in d.message
+    quiet = drift(series([1.0] * 15 + [0.955] * 15), RULE)[0]
+    assert quiet.failed and quiet.noise < 0.01
