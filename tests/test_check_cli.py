@@ -197,6 +197,10 @@ def test_bad_config_is_exit_2(tmp_path, capsys):
         capsys.readouterr()
         assert epmci_main(["check", "--set", f"determinism.threads_alt={bad}"]) == 2
         assert "determinism.threads_alt must be 'auto'" in capsys.readouterr().err
+    for key, bad in (("switches.queue", "0"), ("switches.queue", "many"), ("switches.queue_layer_ahead", "0")):
+        capsys.readouterr()
+        assert epmci_main(["check", "--set", f"{key}={bad}"]) == 2
+        assert f"{key} must be 'auto' or a whole number >= 1" in capsys.readouterr().err
     assert epmci_main(["check", "--suites", "kernel,nosuch"]) == 2
     assert epmci_main(["check", "--layers", "0,one"]) == 2
     assert epmci_main(["check", "--config", str(tmp_path / "missing.yaml")]) == 2

@@ -74,6 +74,32 @@ def test_the_plan_says_what_it_changed_and_why():
     assert top1.small_queue == 1       # a micro-batch predicts at most 2 experts: the queue must be smaller
 
 
+def test_the_queue_run_of_the_plan_takes_the_users_settings():
+    """switches.queue_layer_ahead and switches.queue replace the derived ones; a distance
+    the model cannot predict is brought back to one it can, and the plan says so."""
+    cfg = CheckConfig()
+    cfg.switches.queue_layer_ahead, cfg.switches.queue = 3, 5
+    plan = CheckPlan.of(cfg, facts(n_layer=8), 2, None)
+    assert (plan.far_layer_ahead, plan.small_queue, plan.adjusted) == (3, 5, ())
+    assert "queue run layer-ahead 3, queue 5" in plan.text()
+    cfg.switches.queue_layer_ahead = 6
+    plan = CheckPlan.of(cfg, facts(n_layer=4), 2, None)
+    assert plan.far_layer_ahead == 3 and "queue run layer-ahead 6 -> 3" in plan.text()
+
+
+def test_the_plan_states_the_lengths_of_its_runs():
+    """The model suite's prompt positions (a share of the trained context, capped by
+    max_positions) and every kind of run's decode steps are part of the printed plan."""
+    cfg = CheckConfig()
+    cfg.model_suite.max_positions = 96
+    plan = CheckPlan.of(cfg, facts(n_ctx_train=4096), 2, None)
+    assert plan.model_positions == 96 and "model suite 96 prompt positions" in plan.text()
+    assert CheckPlan.of(cfg, facts(n_ctx_train=64), 2, None).model_positions == 32
+    assert plan.to_dict()["decode"] == {"layer, prefetch-stress, determinism": 4, "switches": 6, "e2e": 8,
+                                        "model": 8, "perf": 16}
+    assert "decode steps: layer, prefetch-stress, determinism 4, switches 6" in plan.text()
+
+
 def test_the_plan_compares_an_uneven_thread_count_and_the_runners_cpus():
     """-t 1 against 2, 3 (an odd count splits power-of-two sizes unevenly) and the CPUs a
     production run would use; a count the user names replaces them."""

@@ -40,8 +40,8 @@ from ..config.schema import CheckConfig
 from ..gguf.facts import ModelFacts
 
 CONTRACT_LAYER_AHEAD = 1     # docs/engine-contract.md: SDQ_PREFETCH_LAYER_AHEAD's default
-FAR_LAYER_AHEAD = 2          # the queue run's distance where the model has the layers
-SMALL_QUEUE = 2              # the queue run's cap where a micro-batch predicts more than it
+FAR_LAYER_AHEAD = 2          # the queue run's distance where the model has the layers (switches.queue_layer_ahead)
+SMALL_QUEUE = 2              # the queue run's cap where a micro-batch predicts more than it (switches.queue)
 SPLIT_THREADS = (1, 2, 3)    # -t counts every check compares (with the runner's CPUs)
 
 
@@ -99,6 +99,8 @@ class CheckPlan:
     small_queue: int                 # the queue run's SDQ_PREFETCH_QUEUE
     hot_pin_batch: int | None        # -b of the hot-pin run (None: no pin can be placed)
     other_threads: tuple[int, ...] = ()   # the -t counts determinism compares with engine.threads
+    model_positions: int = 2         # prompt positions of the model suite
+    decode: tuple[tuple[str, int], ...] = ()   # decode steps (-n) of each kind of run
     adjusted: tuple[str, ...] = ()   # what was changed from the settings, and why
 
     @classmethod
@@ -109,10 +111,16 @@ class CheckPlan:
         if stress != cfg.prefetch_stress.layer_ahead:
             adjusted.append(f"prefetch-stress layer-ahead {cfg.prefetch_stress.layer_ahead} -> {stress}: "
                             f"a {n}-layer model predicts at most {n - 1} layer(s) ahead")
-        far = reachable_distance(n, min(FAR_LAYER_AHEAD, max(1, n - 2)))
-        batch = cfg.switches.batch
+        sw = cfg.switches
+        wanted = min(FAR_LAYER_AHEAD, max(1, n - 2)) if sw.queue_layer_ahead == "auto" else sw.queue_layer_ahead
+        far = reachable_distance(n, wanted)
+        if sw.queue_layer_ahead != "auto" and far != wanted:
+            adjusted.append(f"queue run layer-ahead {wanted} -> {far}: a {n}-layer model predicts at most "
+                            f"{n - 1} layer(s) ahead")
+        batch = sw.batch
         # a micro-batch predicts up to min(experts, b * used) distinct experts; the queue must be smaller
-        queue = max(1, min(SMALL_QUEUE, min(facts.n_expert, batch * facts.n_expert_used) - 1))
+        queue = (max(1, min(SMALL_QUEUE, min(facts.n_expert, batch * facts.n_expert_used) - 1))
+                 if sw.queue == "auto" else sw.queue)
         pins = pin_batch(facts, batch)
         if pins is not None and pins != batch:
             adjusted.append(f"hot-pin run -b {batch} -> {pins}: the micro-batch's need would take every slot "
@@ -121,7 +129,14 @@ class CheckPlan:
         other = (sorted(set(SPLIT_THREADS) | {cpus}) if alt in ("auto", 0)     # 0: the old spelling of auto
                  else [alt] if isinstance(alt, int) else alt)
         threads = tuple(t for t in other if t != cfg.engine.threads)
-        return cls(jobs, memory_mb, stress, far, queue, pins, threads, tuple(adjusted))
+        ms = cfg.model_suite
+        positions = int(ms.context_fraction * facts.n_ctx_train)
+        if ms.max_positions != "auto":       # auto is made concrete from the model first (config/derive.py)
+            positions = min(positions, ms.max_positions)
+        positions = max(2, positions)
+        decode = (("layer, prefetch-stress, determinism", cfg.run.n_predict), ("switches", sw.n_predict),
+                  ("e2e", cfg.e2e.n_predict), ("model", ms.n_predict), ("perf", cfg.perf.n_predict))
+        return cls(jobs, memory_mb, stress, far, queue, pins, threads, positions, decode, tuple(adjusted))
 
     def unreachable(self, facts: ModelFacts, switch: str, value: str, distance: int) -> str | None:
         """Why a run setting `switch` to `value` (predicting `distance` layers ahead) cannot
@@ -145,6 +160,7 @@ class CheckPlan:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["adjusted"] = list(self.adjusted)
+        d["decode"] = dict(self.decode)
         return d
 
     def text(self) -> str:
@@ -154,5 +170,6 @@ class CheckPlan:
                  else "no queue run (no layer ahead to predict)")
         out = (f"plan: {self.jobs} engine run(s) at once, {mem}; prefetch-stress layer-ahead "
                f"{self.stress_layer_ahead}; {queue}; {pins}; determinism also at -t "
-               f"{', '.join(map(str, self.other_threads))}")
+               f"{', '.join(map(str, self.other_threads))}; model suite {self.model_positions} prompt positions; "
+               f"decode steps: {', '.join(f'{k} {v}' for k, v in self.decode)}")
         return out + "".join(f"\n  adjusted: {a}" for a in self.adjusted)

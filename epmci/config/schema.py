@@ -130,6 +130,8 @@ class SwitchesConfig:
     n_predict: int = 6
     margin_experts: int = 2          # slots above the minimum arena, per slot class: evictions every token
     hot_pin: int = 8                 # SDQ_HOT_PIN of the hot-pin run
+    queue_layer_ahead: int | str = "auto"   # SDQ_PREFETCH_LAYER_AHEAD of the queue run; auto: the plan's (check/plan.py)
+    queue: int | str = "auto"        # SDQ_PREFETCH_QUEUE of the queue run; auto: smaller than a micro-batch predicts (check/plan.py)
     runs: list[str] = field(default_factory=list)   # names of the runs to do (epmci/check/suites/switches.py); [] = all
 
 

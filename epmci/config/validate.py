@@ -86,6 +86,9 @@ def validate(cfg: CheckConfig) -> None:
     sw = cfg.switches
     if sw.batch < 1 or sw.n_predict < 2 or sw.margin_experts < 0 or sw.hot_pin < 1:
         raise InputError(w, "switches: batch >= 1, n_predict >= 2, margin_experts >= 0 and hot_pin >= 1 needed")
+    for key, val, lo in (("switches.queue_layer_ahead", sw.queue_layer_ahead, 1), ("switches.queue", sw.queue, 1)):
+        if val != "auto" and (isinstance(val, (str, bool)) or not isinstance(val, int) or val < lo):
+            raise InputError(w, f"{key} must be 'auto' or a whole number >= {lo}, got {val!r}")
     if not cfg.e2e.max_kl >= 0:
         raise InputError(w, f"e2e.max_kl must be >= 0, got {cfg.e2e.max_kl}")
     if cfg.contract.n_predict < 2 or not cfg.contract.text:

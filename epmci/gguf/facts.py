@@ -34,6 +34,7 @@ class ModelFacts:
     kinds: list[str] = field(default_factory=list)   # per layer: attention or deltanet (qwen35moe)
     file_bytes: int = 0                 # the GGUF's size
     n_vocab: int = 0
+    n_ctx_train: int = 0                # the context length the model was trained for
 
     @classmethod
     def of(cls, mf: ModelFile, align: int, windows: bool = True) -> "ModelFacts":
@@ -47,7 +48,7 @@ class ModelFacts:
             sb.append(sum(slot_part_bytes(p.offset, p.n_bytes, hp.n_expert, file_size, align, windows)
                           for p in parts))
         return cls(hp.n_layer, hp.n_expert, hp.n_expert_used, hp.n_embd, types, eb, sb,
-                   [hp.layer_kind(il) for il in range(hp.n_layer)], file_size, hp.n_vocab)
+                   [hp.layer_kind(il) for il in range(hp.n_layer)], file_size, hp.n_vocab, hp.n_ctx_train)
 
     def describe_layer(self, il: int) -> str:
         """Its experts' types and size; and its kind where the model has two."""

@@ -90,10 +90,8 @@ class ModelSuite:
         return ctx.logits_rule("reference").mode != "exact" and ctx.engine.has("teacher_forcing")
 
     def plan(self, ctx: CheckContext) -> list[Task | CheckResult]:
-        ms = ctx.cfg.model_suite
         tokenizer = ReferenceTokenizer.of(ctx.mf)
-        positions = max(2, min(int(ms.context_fraction * ctx.mf.hp.n_ctx_train), ms.max_positions))
-        prompt, ids = long_prompt(ctx.cfg.prompts.model, tokenizer, positions)
+        prompt, ids = long_prompt(ctx.cfg.prompts.model, tokenizer, ctx.plan.model_positions)
         task = Task(NAME, "whole model", lambda: self.check(ctx, prompt, ids), names=self.names(ctx), cost=4.0)
         if deltanet_layers(ctx.mf) and not self.states(ctx):
             return [task, lacks(NAME, STATE_RESULT, ["state_dump"], ctx.caps)]
