@@ -1,11 +1,28 @@
 """Files epmci writes appear whole or not at all: a temp file in the same directory, fsynced,
-then renamed over the target."""
+then renamed over the target. A JSON document epmci reads is one object or one line's
+error naming the file."""
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
+
+from .errors import InputError
+
+
+def read_json(path: str | os.PathLike, what: str) -> dict:
+    """The JSON object in `path` (InputError naming the file and what is wrong with it)."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as e:
+        raise InputError(str(path), f"cannot read the {what}: {e.strerror}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InputError(str(path), f"the {what} is not JSON ({getattr(e, 'msg', e)})") from None
+    if not isinstance(data, dict):
+        raise InputError(str(path), f"the {what} is not a JSON object")
+    return data
 
 
 def atomic_write(path: str | os.PathLike, data: bytes | str) -> Path:

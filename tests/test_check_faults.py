@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from engine.kernels import available_paths
-from faults import broken_engine, results, run_check, statuses
+from faults import Q6K_TOO_LARGE, broken_engine, results, run_check, statuses
 
 pytestmark = pytest.mark.usefixtures("built_engine")
 
@@ -22,16 +22,7 @@ pytestmark = pytest.mark.usefixtures("built_engine")
 def test_kernel_catches_wrong_q6k_scale(tmp_path, tiny_model):
     """Q6_K products 0.2% too large (on every kernel path): the Q6_K experts fail, the Q5_K
     ones pass."""
-    cmd = broken_engine(tmp_path, """
-        import engine.kernels as K
-        import engine.kernels_x86 as A
-
-        def broken(good):
-            return lambda ptrs, n_rows, row_bytes, qtype, *rest: (
-                good(ptrs, n_rows, row_bytes, qtype, *rest) * np.float32(1.002 if qtype == K.Q6_K else 1.0))
-        K.matmul_kquant, A.matmul_kquant, A.matmul_kquant_512 = (broken(K.matmul_kquant), broken(A.matmul_kquant),
-                                                                 broken(A.matmul_kquant_512))
-    """)
+    cmd = broken_engine(tmp_path, Q6K_TOO_LARGE)
     rc, rep = run_check(tmp_path, tiny_model, cmd, "--suites", "kernel",
                         "--set", "kernel.pairs=[[0, 0], [1, 7]]")
     assert rc == 1

@@ -100,6 +100,9 @@ def test_exit_codes_of_the_report():
     assert r.exit_code == 1
     r.tool_error = "model: no such file"
     assert r.exit_code == 2
+    junit = rep.junit_string(r)          # a JUnit reader sees the tool's error too, not 2 passes and an error
+    validate_junit(junit)
+    assert 'errors="2"' in junit and 'message="model: no such file"' in junit
     assert CheckReport().exit_code == 1          # nothing ran: not a pass
     with pytest.raises(ValueError):
         CheckResult("a", "b", "passed")

@@ -26,6 +26,7 @@ class CheckResult:
     stderr_tail: str = ""      # of the engine run(s) behind this result
     details: str = ""          # longer text (e.g. the command line); optional
     order: int = 0             # position in the plan; reports sort by (suite order, order)
+    unit: str = ""             # the planned task (or ready result) it came from: what a shard runs (check/shard.py)
 
     def __post_init__(self):
         if self.status not in STATUSES:
@@ -36,9 +37,12 @@ class CheckResult:
         return self.status in (PASS, SKIP)
 
     def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d.pop("order")
-        return d
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CheckResult":
+        """A result read back from a report (ValueError/KeyError/TypeError when it is not one)."""
+        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
 
 
 @dataclass
@@ -98,6 +102,17 @@ class CheckReport:
     @property
     def verdict(self) -> str:
         return {0: "PASS", 1: "FAIL", 2: "ERROR"}[self.exit_code]
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CheckReport":
+        """A report read back from its JSON document (epmci merge); the inverse of to_dict
+        for everything but the derived fields (verdict, counts)."""
+        rep = cls(meta=dict(d.get("meta") or {}), seconds=float(d.get("seconds") or 0.0),
+                  tool_error=d.get("tool_error"))
+        for s in d.get("suites") or []:
+            rep.suites.append(SuiteInfo(s["name"], s.get("title", s["name"])))
+            rep.results += [CheckResult.from_dict(r) for r in s.get("results") or []]
+        return rep
 
     def to_dict(self) -> dict:
         by = self.by_suite()

@@ -27,13 +27,15 @@ from ..contract.process import EngineCommand
 from ..errors import InputError
 from ..gguf.facts import ModelFacts
 from ..gguf.file import ModelFile
-from ..perf.machine import cpu_count, fingerprint
+from ..gguf.identity import model_key
+from ..perf.machine import cpu_count, current_commit, fingerprint
 from ..perf.settings import for_model
 from ..synth.presets import PRESETS
 from ..synth.store import cached_model_path, resolve_model
 from .capabilities import declared, engine_for_model, lacks
 from .context import CheckContext, auto_arena_mb
 from .result import ERROR, FAIL, PASS, SKIP, CheckReport, CheckResult, SuiteInfo
+from .shard import Shard, Unit, loads, partition, settings_digest, unit_key
 from .suites import SUITES
 from .suites.base import Task
 
@@ -60,10 +62,12 @@ def engine_at_fault(b: BuildResult, cfg: CheckConfig, engine: EngineCommand, mf:
 
 def build_result(b: BuildResult, at_fault: bool) -> CheckResult:
     """The build as the first result of a check: a failure of the engine when its build or
-    warm-up broke (exit 1), an error when epmci could not run it at all (exit 2)."""
+    warm-up broke (exit 1), an error when epmci could not run it at all (exit 2). Every
+    shard of a check builds: its unit is not partitioned."""
     status = PASS if b.ok else FAIL if at_fault else ERROR
     message = b.message if b.ok or not at_fault else f"the engine failed before any check: {b.message}"
-    return CheckResult("build", b.name, status, message, b.props, b.seconds, b.stderr_tail, b.details)
+    return CheckResult("build", b.name, status, message, b.props, b.seconds, b.stderr_tail, b.details,
+                       unit=f"build/{b.name}")
 
 
 class ToolError(Exception):
@@ -72,8 +76,10 @@ class ToolError(Exception):
 
 def run_check(cfg: CheckConfig, progress: Progress | None = None, *, build: bool = True,
               workdir: str | os.PathLike | None = None, keep_work: bool = False,
-              note: Callable[[str], None] | None = None) -> CheckReport:
-    """Run every suite in cfg.suites; never raises for engine or model problems (they end up
+              note: Callable[[str], None] | None = None, shard: Shard | None = None,
+              durations: dict[str, float] | None = None) -> CheckReport:
+    """Run every suite in cfg.suites (with `shard`, only its part of them, balanced by
+    `durations`; check/shard.py); never raises for engine or model problems (they end up
     in the report: failed results, or tool_error for exit 2)."""
     t_start = time.perf_counter()
     report = CheckReport()
@@ -93,6 +99,9 @@ def run_check(cfg: CheckConfig, progress: Progress | None = None, *, build: bool
         model_path, mf = _model(cfg, say)
         report.meta.update(model=str(model_path), model_setting=cfg.model, profile=cfg.perf.profile,
                            machine=fingerprint(model_path.parent))
+        # what shards of one check share (check/merge.py compares it), before the machine's derivations
+        report.meta["identity"] = {"commit": current_commit(), "model": model_key(mf),
+                                   "settings": settings_digest(cfg.to_dict())}
         cfg, derived = for_model(cfg, mf)
         report.meta["settings_derived"] = derived
         for line in derived:
@@ -106,7 +115,7 @@ def run_check(cfg: CheckConfig, progress: Progress | None = None, *, build: bool
         ctx = _context(cfg, engine, model_path, mf, wd, report, jobs)
         report.meta["plan"] = ctx.plan.to_dict()
         say(ctx.plan.text())
-        _run_suites(ctx, cfg, jobs, report, emit, progress, say)
+        _run_suites(ctx, cfg, jobs, report, emit, progress, say, shard, durations)
         report.meta.update(memory_mb=None if ctx.memory.capacity is None else round(ctx.memory.capacity),
                            most_runs_at_once=ctx.memory.peak_runs)
         refusal = engine_refuses_everything(report.results)
@@ -197,12 +206,15 @@ def _context(cfg: CheckConfig, engine: EngineCommand, model_path: Path, mf: Mode
 
 
 def _run_suites(ctx: CheckContext, cfg: CheckConfig, jobs: int, report: CheckReport, emit: Progress,
-                progress: Progress | None, say: Callable[[str], None]) -> None:
+                progress: Progress | None, say: Callable[[str], None], shard: Shard | None = None,
+                durations: dict[str, float] | None = None) -> None:
     report.meta["suites_not_selected"] = [s for s in SUITES if s not in cfg.suites]
     try:
         suites, ready, tasks = _plan(ctx, cfg)
     except InputError as e:        # a suite's input is unusable (e.g. a corrupt golden file): exit 2
         raise ToolError(f"{e.where}: {e.problem}") from None
+    if shard is not None:
+        ready, tasks = _shard_part(shard, durations, ready, tasks, report, say)
     n_checks = len(ready) + sum(max(1, len(t.names)) for _, t in tasks)
     planned = getattr(progress, "planned", None)
     if planned:
@@ -212,9 +224,44 @@ def _run_suites(ctx: CheckContext, cfg: CheckConfig, jobs: int, report: CheckRep
         emit(r)
     say(f"{len(tasks)} tasks ({n_checks - len(ready)} checks) on {jobs} worker(s)")
     spans: dict[str, list[float]] = {}
-    _execute(tasks, jobs, emit, spans)
+    unit_seconds = {r.unit: 0.0 for r in ready}
+    _execute(tasks, jobs, emit, spans, unit_seconds)
     report.meta["suite_seconds"] = {suite: round(end - start, 1) for suite, (start, end) in spans.items()}
+    report.meta["unit_seconds"] = {k: round(v, 2) for k, v in unit_seconds.items()}
 
+
+def _units(ready: list[CheckResult], tasks: list[tuple[int, Task]]) -> list[Unit]:
+    """The plan's units in plan order (check/shard.py): a suite that runs whole is one."""
+    by_key: dict[str, Unit] = {}
+    items = sorted([(r.order, r.suite, r.unit, 0.0, False) for r in ready] +
+                   [(o, t.suite, t.unit, t.cost, t.exclusive) for o, t in tasks])
+    for _, suite, key, cost, timed in items:
+        u = by_key.get(key)
+        together = getattr(SUITES.get(suite), "together", "")
+        # a suite that runs whole is keyed to the runner (perf: timing, RSS vs golden): the last shard's
+        by_key[key] = Unit(key, cost + (u.cost if u else 0.0), bool(together) or timed or (u.timed if u else False),
+                           together)
+    return list(by_key.values())
+
+
+def _shard_part(shard: Shard, durations: dict[str, float] | None, ready: list[CheckResult],
+                tasks: list[tuple[int, Task]], report: CheckReport, say: Callable[[str], None]
+                ) -> tuple[list[CheckResult], list[tuple[int, Task]]]:
+    """This shard's ready results and tasks; the partition stated in meta.shard."""
+    units = _units(ready, tasks)
+    where = partition(units, shard.count, durations)
+    mine = {k for k, s in where.items() if s == shard.index}
+    expected = loads(units, where, shard.count, durations)
+    report.meta["shard"] = {
+        "index": shard.index, "count": shard.count, "units": [u.key for u in units],
+        "assigned": [u.key for u in units if u.key in mine],
+        "together": {u.key: u.together for u in units if u.together},
+        "balanced_by": "recorded durations" if durations else "estimated engine runs",
+        "expected_seconds": [round(x, 1) for x in expected]}
+    say(f"shard {shard}: {len(mine)} of {len(units)} units (expected load "
+        f"{expected[shard.index - 1]:.0f} of {sum(expected):.0f}"
+        f"{' s' if durations else ' engine runs'})")
+    return [r for r in ready if r.unit in mine], [(o, t) for o, t in tasks if t.unit in mine]
 
 REFUSED = "engine refused to run (exit 2): "
 
@@ -250,8 +297,10 @@ def _plan(ctx: CheckContext, cfg: CheckConfig) -> tuple[list[SuiteInfo], list[Ch
         except Exception as e:  # a planning bug: fail closed
             items = [CheckResult(name, "plan", ERROR, f"could not plan the suite: {type(e).__name__}: {e}",
                                  details=traceback.format_exc())]
+        together = getattr(suite, "together", "")
         for it in items:
             order += 1000
+            it.unit = unit_key(name, it.name, together)
             if isinstance(it, CheckResult):
                 it.order = order
                 ready.append(it)
@@ -261,19 +310,24 @@ def _plan(ctx: CheckContext, cfg: CheckConfig) -> tuple[list[SuiteInfo], list[Ch
 
 
 def _execute(tasks: list[tuple[int, Task]], jobs: int, emit: Callable[[CheckResult], None],
-             spans: dict[str, list[float]]) -> None:
+             spans: dict[str, list[float]], unit_seconds: dict[str, float]) -> None:
     """Run the tasks; spans[suite] = [first start, last end] (a suite's wall time, its tasks
-    running in parallel with other suites')."""
+    running in parallel with other suites'); unit_seconds[unit] += each task's own time."""
     lock = threading.Lock()
 
     def timed(t: Task) -> list[CheckResult]:
         start = time.perf_counter()
         try:
-            return _run_task(t)
+            results = _run_task(t)
+            for r in results:
+                r.unit = t.unit
+            return results
         finally:
             with lock:
+                end = time.perf_counter()
                 span = spans.setdefault(t.suite, [start, start])
-                span[0], span[1] = min(span[0], start), max(span[1], time.perf_counter())
+                span[0], span[1] = min(span[0], start), max(span[1], end)
+                unit_seconds[t.unit] = unit_seconds.get(t.unit, 0.0) + end - start
     # biggest first, so the long sequential tasks do not end up last
     ordered = sorted([ot for ot in tasks if not ot[1].exclusive], key=lambda ot: -ot[1].cost)
     with ThreadPoolExecutor(max_workers=max(1, jobs), thread_name_prefix="epmci-check") as pool:

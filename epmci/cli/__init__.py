@@ -13,9 +13,9 @@ from importlib import metadata
 
 from ..contract import process
 from ..errors import InputError
-from . import bench, build, check, compare, conformance, golden, history, model
+from . import bench, build, check, compare, conformance, golden, history, merge, model
 
-COMMANDS = (model, build, check, conformance, golden, history, bench, compare)
+COMMANDS = (model, build, check, merge, conformance, golden, history, bench, compare)
 
 
 def version() -> str:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
-from pathlib import Path
 
 from .. import report as rep
+from ..errors import InputError
 from ..check.runner import run_check
+from ..check.shard import Shard, read_durations
 from .options import add_check_args, add_config_args, add_output_args, add_perf_args, config_from_args
 
 
@@ -18,31 +19,29 @@ def add_parser(sub) -> None:
     add_check_args(c)
     add_output_args(c)
     add_perf_args(c)
+    c.add_argument("--shard", metavar="K/N", help="run only the K-th of N disjoint parts of the check, each a "
+                   "machine's share; `epmci merge` makes one verdict of the N reports (perf goes to shard N)")
+    c.add_argument("--durations", metavar="REPORT.json", help="with --shard: balance the shards by the seconds "
+                   "each part took in this earlier report (default: estimated engine runs)")
     c.set_defaults(func=run)
 
 
 def run(a: argparse.Namespace) -> int:
     cfg = config_from_args(a)
+    shard = Shard.parse(a.shard) if a.shard else None
+    if a.durations and not shard:
+        raise InputError("--durations", "balances shards: give --shard K/N too")
+    durations = read_durations(a.durations) if a.durations else None
     out = sys.stdout
     progress = None if a.quiet else rep.ConsoleProgress(out)
     print(f"epmci check: model {cfg.model}, engine {'bundled' if cfg.engine.cmd is None else cfg.engine.cmd}, "
           f"suites {','.join(cfg.suites)}{' (--fast)' if cfg.fast else ''}, config {cfg.source}", flush=True)
     with progress or contextlib.nullcontext():       # its heartbeat names the engine runs going on
         report = run_check(cfg, progress, build=not a.no_build, workdir=a.workdir, keep_work=a.keep_work,
-                           note=progress.note if progress else None)
+                           note=progress.note if progress else None, shard=shard, durations=durations)
     print(file=out)
     print(rep.render_console(report), file=out, flush=True)
-    reports_dir = next((Path(f).parent for f in (a.junit_xml, a.json) if f), None)
-    if reports_dir is not None:                 # pictures next to the reports, linked from the summary
-        plots, note = rep.write_plots(report, reports_dir)
-        report.meta["plots"] = [str(p) for p in plots]
-        if note:
-            report.meta["plots_note"] = note
-    if a.junit_xml:
-        rep.write_junit(report, a.junit_xml)
-    if a.json:
-        rep.write_json(report, a.json)
-    rep.append_step_summary(report)
+    rep.publish(report, a.junit_xml, a.json)
     if report.meta.get("workdir_kept"):
         print(f"engine outputs kept in {report.meta['workdir']}", file=out)
     if report.tool_error:

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 from pathlib import Path
 
 from ..errors import InputError
-from ..fsutil import atomic_write
+from ..fsutil import atomic_write, read_json
+from ..perf.machine import current_commit
 from ..perf.history import DriftRule, append, drift, entry_of_report, read_history
 from ..config import load_config, parse_set
 
@@ -43,30 +42,14 @@ def add_parser(sub) -> None:
 
 
 def _commit(given: str | None) -> str:
-    if given:
-        return given
-    if os.environ.get("GITHUB_SHA"):
-        return os.environ["GITHUB_SHA"]
-    r = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True)
-    if r.returncode != 0:
+    commit = given or current_commit()
+    if not commit:
         raise InputError("--commit", "not given, no $GITHUB_SHA and no git commit here")
-    return r.stdout.strip()
-
-
-def _read_json(path: str, what: str) -> dict:
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as e:
-        raise InputError(path, f"cannot read the {what}: {e.strerror}") from None
-    except json.JSONDecodeError as e:
-        raise InputError(path, f"the {what} is not JSON ({e.msg})") from None
-    if not isinstance(data, dict):
-        raise InputError(path, f"the {what} is not a JSON object")
-    return data
+    return commit
 
 
 def run_append(a: argparse.Namespace) -> int:
-    report = _read_json(a.report, "check report")
+    report = read_json(a.report, "check report")
     try:
         entry = entry_of_report(report, _commit(a.commit), rebaseline=a.rebaseline)
     except InputError as e:
@@ -98,7 +81,7 @@ def run_check(a: argparse.Namespace) -> int:
             if not sep or not text or not url:
                 raise InputError("--link", f"expected TEXT=URL, got {item!r}")
             links.append((text, url))
-        pr = _read_json(a.pr_report, "pull request's report") if a.pr_report else None
+        pr = read_json(a.pr_report, "pull request's report") if a.pr_report else None
         print(f"epmci history: wrote {write_page(a.html, entries, verdicts, pr, links)}")
     failed = [d for d in verdicts if d.failed]
     return 1 if failed else 0

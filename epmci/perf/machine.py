@@ -6,6 +6,7 @@ import hashlib
 import os
 import platform
 import resource
+import subprocess
 import time
 from pathlib import Path
 
@@ -94,6 +95,17 @@ def cpu_count() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
+
+
+def current_commit() -> str | None:
+    """The commit being checked: $GITHUB_SHA in a workflow, else git's HEAD here (None: neither)."""
+    if os.environ.get("GITHUB_SHA"):
+        return os.environ["GITHUB_SHA"]
+    try:
+        r = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return r.stdout.strip() if r.returncode == 0 else None
 
 
 def fingerprint(model_dir: str | os.PathLike = ".") -> dict:

@@ -6,7 +6,8 @@ from .data import json_string, write_json
 from .junit import junit_string, write_junit
 from .markdown import append_step_summary, markdown
 from .plots import write_plots
+from .publish import publish
 from .text import fmt_value
 
-__all__ = ["ConsoleProgress", "append_step_summary", "fmt_value", "json_string", "junit_string", "markdown", "write_plots",
+__all__ = ["ConsoleProgress", "append_step_summary", "fmt_value", "json_string", "junit_string", "markdown", "publish", "write_plots",
            "render_console", "summary_line", "write_json", "write_junit"]

@@ -87,6 +87,13 @@ def junit_string(report: CheckReport) -> str:
                 ET.SubElement(pe, "property", {"name": _x(k), "value": _x(v)})
         for r in results:
             _testcase(ts, name, r)
+    if report.tool_error:        # the check could not run (exit 2): an error case, so JUnit readers fail too
+        ts = ET.SubElement(root, "testsuite", {"errors": "1", "failures": "0", "name": "epmci", "skipped": "0",
+                                               "tests": "1", "time": _secs(0.0), "hostname": _x(os.uname().nodename),
+                                               "timestamp": stamp})
+        _testcase(ts, "epmci", CheckResult("epmci", "the check could not run", ERROR, report.tool_error))
+        totals["errors"] += 1
+        totals["tests"] += 1
     for k, v in totals.items():
         root.set(k, str(v))
     root.set("time", _secs(report.seconds))     # wall time (suites ran in parallel)

@@ -24,6 +24,7 @@ class Task:
     names: list[str] = field(default_factory=list)   # the results it will produce (for errors)
     cost: float = 1.0                                # rough engine runs; big tasks start first
     exclusive: bool = False                          # runs alone, after every other task (timing runs)
+    unit: str = ""                                   # what a shard runs whole (set by the runner; check/shard.py)
 
 
 class Suite(Protocol):
@@ -31,6 +32,7 @@ class Suite(Protocol):
     title: str
     description: str
     requires: tuple[str, ...]     # optional features of the contract it needs (others: SKIP, engine lacks it)
+    together: str                 # optional: why its tasks must run on one machine (one shard unit, check/shard.py)
 
     def plan(self, ctx: CheckContext) -> list[Task | CheckResult]: ...
 

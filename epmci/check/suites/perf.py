@@ -109,6 +109,8 @@ class PerfSuite:
     title = "perf: counters, fingerprints, tok/s and peak RSS vs golden; --perf-base A/B"
     description = __doc__
     requires: tuple[str, ...] = ()
+    together = ("base and head are timed on the same runner, and golden timing and RSS are keyed to the "
+                "runner's profile")
 
     def plan(self, ctx: CheckContext) -> list[Task | CheckResult]:
         plan = prepare(ctx.cfg, ctx.model_path, ctx.facts, ctx.caps.identity(ctx.engine))
