@@ -118,6 +118,20 @@ def test_a_staircase_of_1_percent_steps_fails_naming_each_step():
     assert f"{d.steps[0].before[:12]}..{d.steps[0].at[:12]}" in d.message
 
 
+def test_a_gain_golden_does_not_know_is_a_proposal_to_re_record_it():
+    """A 5 % faster engine since the rebaseline passes, and proposes re-recording golden
+    (else a later 5 % slowdown back to the old level would never drift); a drift proposes
+    fixing or accepting it; an unchanged series proposes nothing."""
+    up = drift(series([1.0] * 10 + [1.05] * 10), RULE)[0]
+    assert not up.failed and " % better since" in up.proposal and "re-record golden" in up.proposal
+    assert up.steps[0].text(RATIO) in up.proposal
+    down = drift(series([1.0] * 10 + [0.95] * 10), RULE)[0]
+    assert down.failed and "worse" in down.proposal and "accept it by re-recording golden" in down.proposal
+    assert drift(series([1.0] * 20), RULE)[0].proposal == ""
+    tok_s = drift(series([1.0] * 10 + [1.2] * 10, metric="decode_tok_s/baseline"), RULE)[0]
+    assert tok_s.proposal == ""        # not gated: too noisy to move golden on
+
+
 def test_tok_s_of_the_timed_runs_is_charted_but_never_fails():
     """Decode tok/s of 16-token runs varies ~12 % run to run: its drift is reported, not gated."""
     d = drift(series([1.0] * 10 + [0.9] * 10, metric="decode_tok_s/baseline"), RULE)[0]
@@ -161,6 +175,7 @@ def test_cli_append_then_check(tmp_path, capsys):
     assert epmci_main(["history", "check", "--history", str(h), "--json", str(out)]) == 1
     text = capsys.readouterr().out
     assert f"DRIFT {RATIO}" in text and "ok    peak_rss_mb/baseline" in text
+    assert f"PROPOSE re-baseline: {RATIO} is" in text
     data = json.loads(out.read_text())
     assert data["entries"] == 18 and [m["failed"] for m in data["metrics"]] == [True, False, False]
     # the same history judged with a larger allowance passes

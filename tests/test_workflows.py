@@ -253,8 +253,14 @@ def test_actionlint_config_declares_every_self_hosted_label():
     declared = set(config["self-hosted-runner"]["labels"])
     used = set()
     for path in WORKFLOW_FILES:
-        for job in load_workflow(path)["jobs"].values():
-            labels = job["runs-on"] if isinstance(job["runs-on"], list) else [job["runs-on"]]
+        wf = load_workflow(path)
+        runners = [job["runs-on"] for job in wf["jobs"].values() if "runs-on" in job]   # not a `uses:` job
+        # a reusable workflow's runners are inputs (JSON of runs-on), picked by an expression
+        for trigger in ("workflow_call", "workflow_dispatch"):
+            inputs = ((wf["on"] or {}).get(trigger) or {}).get("inputs") or {} if isinstance(wf["on"], dict) else {}
+            runners += [json.loads(i["default"]) for name, i in inputs.items() if name.endswith("-runner")]
+        for runs_on in runners:
+            labels = runs_on if isinstance(runs_on, list) else [runs_on]
             if "self-hosted" in labels:
                 used |= set(labels) - {"self-hosted", "linux", "x64"}   # the runner's own labels
     assert used and used <= declared, (used, declared)
@@ -327,10 +333,12 @@ def test_gate_runs_on_the_8gb_runner(gate_wf):
     assert "!github.event.repository.fork" in gate["if"]     # and not queued forever in forks
 
 
-def test_every_job_has_a_timeout(gate_wf, golden_wf):
-    for wf in (gate_wf, golden_wf):
-        for job_id, job in wf["jobs"].items():
-            assert isinstance(job.get("timeout-minutes"), int) and 0 < job["timeout-minutes"] <= 180, job_id
+def test_every_job_has_a_timeout():
+    for path in WORKFLOW_FILES:
+        for job_id, job in load_workflow(path)["jobs"].items():
+            if "uses" in job:            # a reusable workflow's call: its own jobs have theirs
+                continue
+            assert isinstance(job.get("timeout-minutes"), int) and 0 < job["timeout-minutes"] <= 180, (path.name, job_id)
 
 
 def test_gate_concurrency_cancels_superseded_runs(gate_wf):
@@ -591,6 +599,11 @@ if a[:2] == ["cat-file", "-e"]:
     sys.exit(0 if a[2].split("^")[0] in os.environ.get("KNOWN_SHAS", "").split() else 1)
 if a[:1] == ["fetch"]:
     sys.exit(1)
+if a[:1] == ["show"]:                 # a file of the epmci-history branch: HISTORY_FILES has it or not
+    if a[1].split(":", 1)[1] in os.environ.get("HISTORY_FILES", "").split():
+        print('{"format": "epmci-history/1"}')
+        sys.exit(0)
+    sys.exit(128)
 sys.exit(3)
 """
 
@@ -860,3 +873,104 @@ def test_the_history_job_appends_main_s_reports_and_fails_on_drift(gate_wf):
     script = next(s["run"] for s in job["steps"] if "epmci history check" in s.get("run", ""))
     order = [script.index(k) for k in ("history append", "--rebaseline", "history check", "git push", 'exit "$rc"')]
     assert order == sorted(order)
+
+
+# ------------------------------------------------------------------ the sharded gate (#45)
+
+SHARDED_FILE = WORKFLOW_DIR / "epmci-sharded.yml"
+
+
+def test_the_sharded_gate_runs_n_shards_then_one_merge():
+    """A matrix of N shards (N an input), shard N -- perf -- on the timing runner and the
+    rest on the correctness runner, then a merge job that runs whatever the shards did and
+    downloads exactly the artifacts the action's shards upload."""
+    wf = load_workflow(SHARDED_FILE)
+    assert {"shards", "model", "profile", "perf-base", "durations"} <= set(wf["on"]["workflow_call"]["inputs"])
+    shard, merge = wf["jobs"]["shard"], wf["jobs"]["merge"]
+    assert shard["needs"] == "plan" and "fromJSON(needs.plan.outputs.shards)" in str(shard["strategy"]["matrix"]["shard"])
+    assert "matrix.shard == inputs.shards && fromJSON(inputs.timing-runner)" in shard["runs-on"]
+    step = next(s for s in shard["steps"] if uses(s) == "./")
+    assert step["with"]["shard"] == "${{ matrix.shard }}/${{ inputs.shards }}" and step["with"]["publish-junit"] == "false"
+    assert merge["needs"] == "shard" and "!cancelled()" in merge["if"]
+    download = next(s for s in merge["steps"] if uses(s).startswith("actions/download-artifact@"))
+    merging = next(s for s in merge["steps"] if uses(s) == "./")
+    assert merging["with"]["merge-reports"] == "shards/*/report.json" and download["with"]["path"] == "shards"
+    gate = load_workflow(GATE_FILE)["jobs"]
+    assert gate["sharded"]["uses"] == "./.github/workflows/epmci-sharded.yml"
+    assert "vars.EPMCI_SHARDS != ''" in gate["sharded"]["if"] and "vars.EPMCI_SHARDS == ''" in gate["gate"]["if"]
+
+
+@pytest.mark.parametrize("n, want", [("1", "[1]"), ("3", "[1,2,3]")])
+def test_the_shard_list_step(tmp_path, n, want):
+    step = load_workflow(SHARDED_FILE)["jobs"]["plan"]["steps"][0]
+    r, outputs = _run_step(step, tmp_path, {"N": n})
+    assert r.returncode == 0 and outputs["shards"] == want, r.stderr
+
+
+def test_the_shard_list_step_refuses_nonsense(tmp_path):
+    step = load_workflow(SHARDED_FILE)["jobs"]["plan"]["steps"][0]
+    r, _ = _run_step(step, tmp_path, {"N": "0"})
+    assert r.returncode == 2 and "::error" in r.stdout
+
+
+def test_a_shard_of_the_action_uploads_what_the_merge_job_downloads(action, tmp_path):
+    import fnmatch
+    step = action_step(action, "check")
+    env = {"MODEL": "ci", "PROFILE": "epm-8gb", "FAST": "false", "TIMING": "true", "OUT": "epmci-out",
+           "SHARD": "2/3", "DURATIONS": "earlier.json", "EPMCI_STUB_RC": "0", "GITHUB_JOB": "shard",
+           "GITHUB_RUN_ID": "7", "GITHUB_RUN_ATTEMPT": "1"}
+    r, outputs = _run_step(step, tmp_path, env)
+    (argv,) = [json.loads(l) for l in (tmp_path / "epmci.log").read_text().splitlines()]
+    assert r.returncode == 0 and parse_error(["epmci", *argv]) is None, argv
+    assert argv[argv.index("--shard") + 1] == "2/3" and argv[argv.index("--durations") + 1] == "earlier.json"
+    download = next(s for s in load_workflow(SHARDED_FILE)["jobs"]["merge"]["steps"]
+                    if uses(s).startswith("actions/download-artifact@"))
+    pattern = (download["with"]["pattern"].replace("${{ inputs.shards }}", "3")
+               .replace("${{ github.run_id }}", "7").replace("${{ github.run_attempt }}", "1"))
+    assert fnmatch.fnmatchcase(outputs["artifact"], pattern), (outputs["artifact"], pattern)
+
+
+@pytest.mark.parametrize("rc", [0, 1, 2])
+def test_the_action_merges_shard_reports_and_exits_as_merge_did(action, tmp_path, rc):
+    for k in (1, 2):
+        (tmp_path / "shards" / f"s{k}").mkdir(parents=True)
+        (tmp_path / "shards" / f"s{k}" / "report.json").write_text("{}")
+    step = action_step(action, "merge")
+    r, outputs = _run_step(step, tmp_path, {"REPORTS": "shards/*/report.json", "OUT": "epmci-out",
+                                            "EPMCI_STUB_RC": str(rc), "GITHUB_JOB": "merge", "GITHUB_RUN_ID": "7",
+                                            "GITHUB_RUN_ATTEMPT": "1"})
+    assert r.returncode == 0 and outputs["exit-code"] == str(rc), r.stderr
+    (argv,) = [json.loads(l) for l in (tmp_path / "epmci.log").read_text().splitlines()]
+    assert argv[:3] == ["merge", "shards/s1/report.json", "shards/s2/report.json"], argv
+    assert parse_error(["epmci", *argv]) is None, argv
+    assert ("::error" in r.stdout) == (rc != 0)
+
+
+def test_the_action_fails_a_merge_without_reports(action, tmp_path):
+    r, outputs = _run_step(action_step(action, "merge"), tmp_path, {"REPORTS": "shards/*/report.json",
+                                                                     "OUT": "o", "GITHUB_JOB": "merge",
+                                                                     "GITHUB_RUN_ID": "7", "GITHUB_RUN_ATTEMPT": "1"})
+    assert outputs["exit-code"] == "2" and "no shard report" in r.stdout
+
+
+def test_golden_update_puts_what_the_history_proposes_into_its_pull_request(tmp_path):
+    """The pull request of new baselines carries the reason, the run, and `epmci history
+    check` of each gate model's history (which proposes re-baselining) -- or says there is none."""
+    job = load_workflow(GOLDEN_FILE)["jobs"]["update"]
+    step = next(s for s in job["steps"] if "epmci history check" in s.get("run", ""))
+    pr = next(s for s in job["steps"] if uses(s).startswith("peter-evans/create-pull-request@"))
+    assert pr["with"]["body-path"] == "${{ runner.temp }}/pr-body.md"
+    summary = tmp_path / "summary.md"
+    r, _ = _run_step(step, tmp_path, {"RUNNER_TEMP": str(tmp_path), "PROFILE": "epm-8gb", "REASON": "new engine",
+                                     "MODELS": "ci ci35", "HISTORY_FILES": "epm-8gb/ci.jsonl",
+                                     "GITHUB_STEP_SUMMARY": str(summary), "GITHUB_RUN_ID": "9",
+                                     "GITHUB_SERVER_URL": "https://github.com", "GITHUB_REPOSITORY": "o/r",
+                                     "GITHUB_SHA": SHA_A, "GITHUB_ACTOR": "me"})
+    assert r.returncode == 0, r.stderr
+    body = (tmp_path / "pr-body.md").read_text()
+    assert "**Reason:** new engine" in body and "actions/runs/9" in body and SHA_A in body
+    assert "No history of epm-8gb/ci35" in body and "No history of epm-8gb/ci " not in body
+    (argv,) = [json.loads(l) for l in (tmp_path / "epmci.log").read_text().splitlines()]
+    assert argv == ["history", "check", "--history", str(tmp_path / "history-ci.jsonl")]
+    assert parse_error(["epmci", *argv]) is None
+    assert summary.read_text() == body

@@ -70,6 +70,9 @@ def run_check(a: argparse.Namespace) -> int:
     verdicts = drift(entries, DriftRule.of(cfg.perf))
     for d in verdicts:
         print(("DRIFT " if d.failed else "ok    ") + d.message)
+    for d in verdicts:
+        if d.proposal:
+            print("PROPOSE re-baseline: " + d.proposal)
     if a.json:
         atomic_write(a.json, json.dumps({"history": str(a.history), "entries": len(entries),
                                          "metrics": [d.to_dict() for d in verdicts]}, indent=1) + "\n")

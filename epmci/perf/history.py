@@ -22,7 +22,10 @@ drifts when both hold:
   the first change point): 16-token tok/s runs vary by ~12 % here, and a 3 % rule on them
   failed 12 % of unchanged histories (bench/history_noise.py --source runs).
 The verdict names every step: the commit range it happened in (the entry before the change
-point, the entry at it) and its size. The error rates of the rule on recorded noise are in
+point, the entry at it) and its size. A gated metric that drifted, or got better by as much
+(a gain golden does not know: the next slowdown would be measured from the old level),
+carries a proposal to re-record golden, which `epmci history check` prints and the
+golden-update workflow puts in its pull request. The error rates of the rule on recorded noise are in
 docs/perf-gate.md (bench/history_power.py).
 """
 
@@ -163,6 +166,7 @@ class MetricDrift:
     noise: float | None = None             # the smallest relative change the series' noise lets count
     failed: bool = False
     message: str = ""
+    proposal: str = ""                     # re-record golden, and why (the golden-update workflow shows it)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -208,6 +212,12 @@ def metric_drift(entries: list[dict], metric: str, rule: DriftRule) -> MetricDri
     elif cps and worse > rule.max_drift:
         d.message += (f" -- worse by more than {100 * rule.max_drift:g} %, but within this series' noise "
                       f"({100 * d.noise:.1f} %): no verdict")
+    improved = bool(cps) and -worse > max(rule.max_drift, d.noise)
+    if metric.split("/")[0] in GATED and (d.failed or improved):
+        since = f"since {commits[start][:12]} ({steps})"
+        d.proposal = (f"{metric} is {100 * abs(d.total - 1):.1f} % {'better' if improved else 'worse'} {since}: "
+                      + ("re-record golden to keep the gain -- until then a slowdown is measured from the old level"
+                         if improved else "fix it, or accept it by re-recording golden with the reason"))
     return d
 
 
