@@ -19,6 +19,23 @@ def model_results(tmp_path, tiny_model, patch: str) -> tuple[dict[str, str], dic
     return statuses(rep, "model"), {r["name"]: r["message"] for r in results(rep, "model")}
 
 
+def test_the_prompt_has_the_positions_the_plan_derived_never_more(tiny_model):
+    """The prompt is the model prompt whole, then repeated and cut at a character: at most
+    the plan's positions (they bound the reference's work) and no more than a few short of
+    them -- unless one whole prompt is longer."""
+    from epmci.check.suites.model import long_prompt
+    from epmci.config.schema import PromptConfig
+    from epmci.gguf.file import ModelFile
+    from epmci.reference.tokenizer import ReferenceTokenizer
+    tok = ReferenceTokenizer.of(ModelFile(tiny_model))
+    text = PromptConfig().model
+    whole = len(tok.encode(text, parse_special=False))
+    for positions in (5, whole + 1, whole + 37, 3 * whole - 1):
+        prompt, ids = long_prompt(text, tok, positions)
+        assert tok.encode(prompt, parse_special=False) == ids and prompt.startswith(text)
+        assert (len(ids) == whole if positions < whole else positions - 3 <= len(ids) <= positions), (positions, len(ids))
+
+
 def test_the_bundled_engine_passes_at_every_position(tmp_path, tiny_model):
     rc, rep = run_check(tmp_path, tiny_model, None, *SUITE, "--no-build")
     assert rc == 0, rep

@@ -29,7 +29,7 @@ from ..perf.settings import for_model
 from ..reference.tokenizer import ReferenceTokenizer
 from ..synth.store import resolve_model
 from .capabilities import declared, engine_for_model
-from .suites.model import long_prompt
+from .suites.model import repeated
 
 CTX_SLACK = 16
 
@@ -95,7 +95,7 @@ class EngineComparison:
 def given_tokens(mf: ModelFile, prompt: str, positions: int, decode: int) -> list[int]:
     """`prompt` repeated to `positions` tokens, then `decode` tokens of it again."""
     tok = ReferenceTokenizer.of(mf)
-    _, ids = long_prompt(prompt, tok, positions)
+    _, ids = repeated(prompt, tok, positions)
     ids = ids[:positions]
     return ids + [ids[i % len(ids)] for i in range(decode)]
 

@@ -60,12 +60,30 @@ STATE_RESULT = "delta-net state"
 CTX_SLACK = 64
 
 
-def long_prompt(text: str, tokenizer: ReferenceTokenizer, positions: int) -> tuple[str, list[int]]:
+def repeated(text: str, tokenizer: ReferenceTokenizer, positions: int) -> tuple[str, list[int]]:
     """`text` repeated until it tokenizes to at least `positions` tokens."""
     prompt = text
     while len(ids := tokenizer.encode(prompt, parse_special=False)) < positions:
         prompt += text
     return prompt, ids
+
+
+def long_prompt(text: str, tokenizer: ReferenceTokenizer, positions: int) -> tuple[str, list[int]]:
+    """`text` whole (the tokenizer cases it was written to cover), then repeated and cut at
+    a character to at most `positions` tokens: the prompt positions the plan derived bound
+    the reference's work (model_suite.max_positions), where whole repeats overshot them (214
+    for 128 on a production-size model: 1.7x the reference's work)."""
+    prompt, ids = repeated(text, tokenizer, positions)
+    if len(ids) == positions or prompt == text:
+        return prompt, ids
+    lo, hi = len(text), len(prompt)      # the longest cut whose count fits (binary search)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if len(tokenizer.encode(prompt[:mid], parse_special=False)) <= positions:
+            lo = mid
+        else:
+            hi = mid - 1
+    return prompt[:lo], tokenizer.encode(prompt[:lo], parse_special=False)
 
 
 class ModelSuite:
