@@ -60,3 +60,44 @@ def test_a_refusal_that_is_not_one_line_fails(tmp_path, tiny_model):
         B.check = check
     """)
     assert rc == 1 and st[BELOW] == "fail" and "must be one line on stderr" in res[BELOW]["message"]
+
+
+def need_moving_up(marker, stats_lie: bool) -> str:
+    """A copy whose counted runtime is 6 MiB more from its second run on (what reclaimed
+    file pages do to the first run's RSS); with stats_lie the stats keep the first run's
+    need, so the engine refuses a budget above what it reports."""
+    return f"""
+        import os
+        import engine.paging.budget as B
+        import engine.paging.pager as P
+        first = not os.path.exists({str(marker)!r})
+        if "--contract-info" not in sys.argv:         # the first run that runs the model
+            open({str(marker)!r}, "a").close()
+        good = B.breakdown
+        def breakdown(*a, **k):
+            parts = good(*a, **k)
+            parts["runtime"] += 0 if first else 6 << 20
+            return parts
+        B.breakdown = breakdown
+        if {stats_lie!r} and not first:
+            good_counters = P.Pager.counters
+            def counters(self):
+                c = good_counters(self)
+                c["ram_need_mb"] = round(c["ram_need_mb"] - 6, 1)
+                return c
+            P.Pager.counters = counters
+    """
+
+
+def test_a_need_that_moves_between_runs_is_asked_again_not_failed(tmp_path, tiny_model):
+    """The first run reports 6 MiB less than every later one needs: the budget 4 MiB above
+    the first report is refused, the need is asked again, and a budget above that is kept."""
+    rc, st, res = budget_check(tmp_path, tiny_model, need_moving_up(tmp_path / "ran", stats_lie=False))
+    p = res[ABOVE]["properties"]
+    assert rc == 0 and st[ABOVE] == "pass", res[ABOVE]["message"]
+    assert p["need_mb"] == pytest.approx(p["need_first_mb"] + 6, abs=0.2) and p["budget_mb"] > p["need_mb"]
+
+
+def test_an_engine_refusing_a_budget_above_the_need_it_reports_fails(tmp_path, tiny_model):
+    rc, st, res = budget_check(tmp_path, tiny_model, need_moving_up(tmp_path / "ran", stats_lie=True))
+    assert rc == 1 and st[ABOVE] == "fail" and "engine refused to run (exit 2)" in res[ABOVE]["message"]

@@ -50,17 +50,24 @@ class BudgetSuite:
         out = ctx.dir(f"budget-{label}")
         return ctx.run(f"budget {label}", spec, out), out
 
-    def check(self, ctx: CheckContext) -> list[CheckResult]:
-        probe, out = self._run(ctx, "need", None)
-        if not probe.ok:
-            return run_failed(NAME, list(RESULTS), probe, "run without a budget: ")
+    def probe(self, ctx: CheckContext, label: str = "need") -> tuple[float | None, list[CheckResult]]:
+        """The need a run without a budget reports; or the failures saying why there is none."""
+        run, out = self._run(ctx, label, None)
+        if not run.ok:
+            return None, run_failed(NAME, list(RESULTS), run, "run without a budget: ")
         try:
             need = max(float(r.get("ram_need_mb", 0) or 0) for r in ctx.stats(out / STATS_FILE))
         except ContractError as e:
-            return [CheckResult(NAME, n, FAIL, f"output unusable: {e}") for n in RESULTS]
+            return None, [CheckResult(NAME, n, FAIL, f"output unusable: {e}") for n in RESULTS]
         if need <= 0:
-            return [CheckResult(NAME, n, FAIL, "the stats report no ram_need_mb (docs/engine-contract.md, Stats): "
-                                               "the budget promise cannot be checked") for n in RESULTS]
+            return None, [CheckResult(NAME, n, FAIL, "the stats report no ram_need_mb (docs/engine-contract.md, "
+                                                     "Stats): the budget promise cannot be checked") for n in RESULTS]
+        return need, []
+
+    def check(self, ctx: CheckContext) -> list[CheckResult]:
+        need, failed = self.probe(ctx)
+        if need is None:
+            return failed
         return [self.below(ctx, need), self.just_above(ctx, need), self.growth(ctx)]
 
     def below(self, ctx: CheckContext, need: float) -> CheckResult:
@@ -90,9 +97,22 @@ class BudgetSuite:
     def just_above(self, ctx: CheckContext, need: float) -> CheckResult:
         budget = above(need)
         run, out = self._run(ctx, "above", budget)
+        props = {"need_mb": need, "budget_mb": budget}
+        if run.returncode == 2 and not run.timed_out:
+            # A need counts the RSS at the run's start, and file pages reclaimed under memory
+            # pressure lower it for one run (203.2 -> 208.3 MiB on tiny beside a busy test
+            # suite): refused, the need is asked again, and only a budget above that one too
+            # must be kept -- an engine refusing above what it reports still fails.
+            again, failed = self.probe(ctx, "need-again")
+            if again is None:
+                return failed[1]
+            if above(again) > budget:
+                props.update(need_first_mb=need, need_mb=again)
+                need, budget = again, above(again)
+                props["budget_mb"] = budget
+                run, out = self._run(ctx, "above-again", budget)
         if not run.ok:
             return run_failed(NAME, [RESULTS[1]], run, f"with --ram-budget-mb {budget:g} (need {need} MiB): ")[0]
-        props = {"need_mb": need, "budget_mb": budget}
         try:
             peak = max(float(r.get("peak_rss_mb", 0) or 0) for r in ctx.stats(out / STATS_FILE))
         except ContractError as e:
