@@ -271,7 +271,8 @@ def _gone(pid: int) -> bool:
 @pytest.mark.usefixtures("built_engine")
 def test_a_stopped_check_leaves_no_engine_behind(tmp_path, tiny_model):
     """SIGTERM to `epmci check` (a cancelled CI job) kills its engine runs, which lead
-    sessions of their own and would otherwise outlive it; exit 128 + 15, one line saying so."""
+    sessions of their own and would otherwise outlive it, and removes its work dir (a
+    self-hosted runner's disk outlives the job); exit 128 + 15, one line saying so."""
     import signal
     import subprocess
     import time
@@ -299,7 +300,8 @@ def test_a_stopped_check_leaves_no_engine_behind(tmp_path, tiny_model):
     finally:
         p.kill()
     assert p.returncode == 128 + signal.SIGTERM
-    assert "epmci: stopped by SIGTERM;" in err and "engine run(s) killed" in err
+    assert "epmci: stopped by SIGTERM;" in err and "engine run(s) killed, 1 work dir(s) removed" in err
+    assert (tmp_path / "w").is_dir() and list((tmp_path / "w").iterdir()) == []
     started = [int(x) for x in pids.read_text().split()]
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and not all(_gone(pid) for pid in started):

@@ -74,6 +74,14 @@ def left_running() -> list[str]:
     return [p for p in ps if MARK in p and "ps -eo" not in p]
 
 
+def assert_epmci_unharmed(maxrss_before_kib: int) -> None:
+    """What every misbehaving engine leaves behind in epmci: at most 256 MiB more peak
+    memory, and no process of its own still running."""
+    grew_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - maxrss_before_kib) / 1024
+    assert grew_mib < 256, f"epmci grew by {grew_mib:.0f} MiB"
+    assert left_running() == []
+
+
 @pytest.mark.parametrize("behaviour", list(HOSTILE))
 def test_a_hostile_engine_fails_with_the_reason_and_leaves_nothing(tmp_path, tiny_model, behaviour):
     body, says = HOSTILE[behaviour]
@@ -81,15 +89,13 @@ def test_a_hostile_engine_fails_with_the_reason_and_leaves_nothing(tmp_path, tin
     rc, rep = run_check(tmp_path, tiny_model, stub_engine(tmp_path, body), "--suites", "determinism",
                         "--set", "engine.max_output_mb=8", "--set", "engine.max_disk_mb=16", "--set", "engine.timeout_s=3",
                         "--set", "determinism.threads_alt=[2]")
-    grew_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
     assert rc == 1 and not rep.get("tool_error"), rep.get("tool_error")
     res = results(rep, "determinism")
     failed = [r for r in res if r["status"] == "fail"]
     assert failed and all(r["status"] in ("fail", "skip") for r in res), res
     assert all(says in r["message"] for r in failed), [r["message"] for r in failed]
     assert all("Traceback" not in r["message"] for r in failed)
-    assert grew_mib < 256, f"epmci grew by {grew_mib:.0f} MiB"
-    assert left_running() == []
+    assert_epmci_unharmed(before)
 
 
 # Engines that run and answer, then lie in their outputs: the bundled engine wrapped, its
@@ -159,7 +165,8 @@ LIARS = {
 @pytest.mark.parametrize("behaviour", list(LIARS))
 def test_an_engine_lying_in_its_outputs_fails_naming_the_defect(tmp_path, tiny_model, behaviour):
     body, says, suite = LIARS[behaviour]
-    script = tmp_path / "lying_engine.py"
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    script = tmp_path / f"lying_engine_{MARK}.py"         # its process is found by the MARK if left running
     run = "r = subprocess.run(REAL + sys.argv[1:], env=env)"
     script.write_text("import json, sys\n" + textwrap.dedent(WRAPPED) + textwrap.dedent(body).replace("RUN", run)
                       + "\nsys.exit(r.returncode)\n")
@@ -171,6 +178,7 @@ def test_an_engine_lying_in_its_outputs_fails_naming_the_defect(tmp_path, tiny_m
     assert failed, res
     assert any(says in r["message"] for r in failed), [r["message"] for r in failed]
     assert all("Traceback" not in r["message"] for r in res)
+    assert_epmci_unharmed(before)
 
 
 def test_the_limits_are_settings_with_defaults_stated_in_the_report(tmp_path, tiny_model):

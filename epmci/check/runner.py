@@ -110,6 +110,9 @@ def run_check(cfg: CheckConfig, progress: Progress | None = None, *, build: bool
         say("limits of every engine run: " + ", ".join(f"{k} {v:g}" for k, v in report.meta["limits"].items()))
         wd = _workdir(workdir)
         report.meta["workdir"] = str(wd)
+        if not keep_work:
+            with _live_lock:
+                _live_workdirs.add(wd)
         if build and not _build(cfg, engine, model_path, mf, wd, report, emit, say):
             return report          # the engine broke at its build or start: that is the verdict
         ctx = _context(cfg, engine, model_path, mf, wd, report, jobs)
@@ -131,6 +134,8 @@ def run_check(cfg: CheckConfig, progress: Progress | None = None, *, build: bool
     finally:
         report.seconds = time.perf_counter() - t_start
         if wd is not None:
+            with _live_lock:
+                _live_workdirs.discard(wd)
             if keep_work or not report.passed:
                 report.meta["workdir_kept"] = True
             else:
@@ -156,11 +161,27 @@ def run_limits(cfg: CheckConfig) -> dict[str, float]:
             "engine.max_disk_mb": float(e.max_disk_mb)}
 
 
+_live_workdirs: set[Path] = set()     # a running check's engine outputs, not to be kept
+_live_lock = threading.Lock()
+
+
 def _workdir(workdir: str | os.PathLike | None) -> Path:
     base = Path(workdir) if workdir else None
     if base:
         base.mkdir(parents=True, exist_ok=True)
     return Path(tempfile.mkdtemp(prefix="epmci-check-", dir=base))
+
+
+def remove_live_workdirs() -> int:
+    """Remove the engine outputs of every check still running (an epmci being stopped: a
+    self-hosted runner keeps its disk between jobs, and cancelled runs would fill it),
+    unless the check was asked to keep them. The number removed."""
+    with _live_lock:
+        live = list(_live_workdirs)
+        _live_workdirs.clear()
+    for wd in live:
+        shutil.rmtree(wd, ignore_errors=True)
+    return len(live)
 
 
 # Settings that reach the engine as flags (arena, budget, batch, context, threads): when the

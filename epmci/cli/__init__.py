@@ -11,6 +11,7 @@ import sys
 import threading
 from importlib import metadata
 
+from ..check.runner import remove_live_workdirs
 from ..contract import process
 from ..errors import InputError
 from . import bench, build, check, compare, conformance, golden, history, merge, model
@@ -36,10 +37,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _stop(signum: int, _frame) -> None:
     """SIGTERM/SIGHUP/SIGINT (a cancelled CI job, a closed terminal, Ctrl-C): kill the engines, which run
-    in sessions of their own and would outlive epmci, then exit at once (a clean unwind
+    in sessions of their own and would outlive epmci, remove the running checks' work dirs
+    (unless --keep-work), then exit at once (a clean unwind
     would let the worker threads start the next engine runs)."""
     killed = process.kill_all()
-    print(f"epmci: stopped by {signal.Signals(signum).name}; {killed} engine run(s) killed", file=sys.stderr)
+    removed = remove_live_workdirs()
+    print(f"epmci: stopped by {signal.Signals(signum).name}; {killed} engine run(s) killed, "
+          f"{removed} work dir(s) removed", file=sys.stderr)
     os._exit(128 + signum)
 
 

@@ -28,10 +28,11 @@ def add_parser(sub) -> None:
 
 def run(a: argparse.Namespace) -> int:
     cfg = config_from_args(a)
-    shard = Shard.parse(a.shard) if a.shard else None
-    if a.durations and not shard:
+    # `epmci contract-test` runs this too, without the shard options
+    shard = Shard.parse(a.shard) if getattr(a, "shard", None) else None
+    if getattr(a, "durations", None) and not shard:
         raise InputError("--durations", "balances shards: give --shard K/N too")
-    durations = read_durations(a.durations) if a.durations else None
+    durations = read_durations(a.durations) if shard and a.durations else None
     out = sys.stdout
     progress = None if a.quiet else rep.ConsoleProgress(out)
     print(f"epmci check: model {cfg.model}, engine {'bundled' if cfg.engine.cmd is None else cfg.engine.cmd}, "
