@@ -46,7 +46,7 @@ def drop_page_cache() -> None:
 
 def run_one(name: str, argv: list[str], work: Path, cap: MemoryCap | None, timeout: float) -> dict:
     """One `epmci check` (or merge) run, timed; its JSON report read back."""
-    report = work / f"{name}.json"
+    report = work / (name.replace(" shards: ", "-shards-").replace("/", "-of-") + ".json")
     report.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "epmci", *argv, "--json", str(report)]
     if cap:
