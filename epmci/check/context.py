@@ -115,7 +115,7 @@ class CheckContext:
 
     def dir(self, name: str) -> Path:
         p = self.workdir / name
-        p.mkdir(parents=True, exist_ok=True)
+        p.mkdir(exist_ok=True)     # never parents: a work dir removed by a stopping epmci stays removed
         return p
 
     # -------------------------------------------------------------- engine runs

@@ -180,7 +180,18 @@ def remove_live_workdirs() -> int:
         live = list(_live_workdirs)
         _live_workdirs.clear()
     for wd in live:
-        shutil.rmtree(wd, ignore_errors=True)
+        # renamed first, at once: a worker thread still running makes no new run dir in it
+        # (CheckContext.dir creates no parents), and what it still writes goes with the rename
+        gone = wd.with_name(wd.name + ".removing")
+        try:
+            wd.rename(gone)
+        except OSError:
+            gone = wd
+        for _ in range(40):
+            shutil.rmtree(gone, ignore_errors=True)
+            if not gone.exists():
+                break
+            time.sleep(0.05)
     return len(live)
 
 

@@ -181,11 +181,15 @@ def _launch(cmd: EngineCommand, args: list[str], env: dict[str, str] | None
 _running: dict[int, tuple[str, float]] = {}     # id -> (label, start): the engine runs going now
 _running_lock = threading.Lock()
 _live: set[subprocess.Popen] = set()             # every engine started and not yet reaped
+_stopping = False                                # kill_all ran: epmci is exiting
 
 
 def _started(p: subprocess.Popen) -> subprocess.Popen:
     with _running_lock:
         _live.add(p)
+        late = _stopping
+    if late:       # a worker thread started it after kill_all, before epmci exited
+        _kill_group(p)
     return p
 
 
@@ -198,7 +202,9 @@ def kill_all() -> int:
     """Kill every engine still running and whatever each started (each leads its own
     session, so a signal to epmci does not reach them): what an epmci that is itself being
     stopped must do last, or its engines outlive it. The number killed."""
+    global _stopping
     with _running_lock:
+        _stopping = True
         live = [p for p in _live if p.poll() is None]
     for p in live:
         _kill_group(p)
