@@ -192,8 +192,21 @@ def test_merge_refuses_files_that_are_not_shard_reports_in_one_line(tmp_path, ca
     garbage = tmp_path / "g.json"
     garbage.write_text("{not json")
     out = tmp_path / "m.json"
+    bad_index = tmp_path / "bad-index.json"
+    rep = shard_report(3, 2, UNITS, UNITS)
+    bad_index.write_text(json.dumps(rep))
+    bad_units = tmp_path / "bad-units.json"
+    rep = shard_report(1, 1, UNITS, UNITS)
+    rep["meta"]["shard"]["assigned"] = "kernel/a"
+    bad_units.write_text(json.dumps(rep))
+    bad_meta = tmp_path / "bad-meta.json"
+    rep = shard_report(1, 1, UNITS, UNITS)
+    rep["meta"] = ["not", "an", "object"]
+    bad_meta.write_text(json.dumps(rep))
     for args, problem in (([str(whole)], "not a shard report"), ([str(garbage)], "the shard report is not JSON"),
-                          ([str(tmp_path / "none.json")], "cannot read the shard report")):
+                          ([str(tmp_path / "none.json")], "cannot read the shard report"),
+                          ([str(bad_index)], "says shard 3 of 2"), ([str(bad_units)], "must be lists of unit names"),
+                          ([str(bad_meta)], "its meta is not an object")):
         capsys.readouterr()
         assert epmci_main(["merge", *args, "--json", str(out)]) == 2
         err = capsys.readouterr().err

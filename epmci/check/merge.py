@@ -31,11 +31,20 @@ def read_shard(path: str | Path) -> dict:
     data = read_json(path, "shard report")
     if data.get("format") != "epmci-check/1":
         raise InputError(str(path), "not an epmci check report (format epmci-check/1)")
-    shard = data.get("meta", {}).get("shard")
+    meta = data.get("meta")
+    if not isinstance(meta, dict) or not isinstance(meta.get("identity", {}), dict):
+        raise InputError(str(path), "its meta is not an object (not a report of epmci check)")
+    shard = meta.get("shard")
     if not isinstance(shard, dict) or not all(k in shard for k in ("index", "count", "units", "assigned")):
         if data.get("tool_error"):       # a shard that could not run planned nothing: still a shard
             return data
         raise InputError(str(path), "not a shard report (run `epmci check --shard K/N --json ...`)")
+    index, count = shard["index"], shard["count"]
+    whole = all(isinstance(x, int) and not isinstance(x, bool) for x in (index, count))
+    if not whole or not 1 <= index <= count:
+        raise InputError(str(path), f"meta.shard says shard {index!r} of {count!r}: not K/N with 1 <= K <= N")
+    if not all(isinstance(v, list) and all(isinstance(k, str) for k in v) for v in (shard["units"], shard["assigned"])):
+        raise InputError(str(path), "meta.shard.units and .assigned must be lists of unit names")
     try:
         CheckReport.from_dict(data)
     except (KeyError, TypeError, ValueError) as e:
