@@ -109,21 +109,39 @@ def render(records: list[dict]) -> str:
     return "\n".join(out) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds", default="0-31")
-    ap.add_argument("--out", default=str(REPO / "docs/perf-data/shapes.jsonl"))
-    ap.add_argument("--table", default=str(REPO / "docs/shapes.md"))
-    ap.add_argument("--resume", action="store_true", help="skip seeds already in --out")
+def sweep_arguments(doc: str, seeds: str, out: str, table: str) -> argparse.ArgumentParser:
+    """The options of a resumable sweep over shapes (this script's and bench/fault_shapes.py's)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--seeds", default=seeds)
+    ap.add_argument("--out", default=str(REPO / out))
+    ap.add_argument("--table", default=str(REPO / table))
+    ap.add_argument("--resume", action="store_true", help="skip what --out already holds")
     ap.add_argument("--max-minutes", type=float, default=25.0)
     ap.add_argument("--render", action="store_true", help="only render --table from --out")
-    a = ap.parse_args(argv)
-    out = Path(a.out)
+    return ap
+
+
+def recorded(out: Path, resume: bool, render: bool) -> list[dict] | None:
+    """The records --out holds; None (after saying why) when a new sweep would append to them."""
     records = [json.loads(line) for line in out.read_text().splitlines() if line.strip()] if out.exists() else []
+    if records and not (resume or render):
+        print(f"{out}: exists; --resume continues it", file=sys.stderr)
+        return None
+    return records
+
+
+def append(out: Path, record: dict) -> None:
+    with out.open("a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = sweep_arguments(__doc__, "0-31", "docs/perf-data/shapes.jsonl", "docs/shapes.md").parse_args(argv)
+    out = Path(a.out)
+    records = recorded(out, a.resume, a.render)
+    if records is None:
+        return 2
     if not a.render:
-        if records and not a.resume:
-            print(f"{out}: exists; --resume continues it", file=sys.stderr)
-            return 2
         done = {r["seed"] for r in records}
         t0 = time.monotonic()
         for seed in seeds(a.seeds):
@@ -134,8 +152,7 @@ def main(argv: list[str] | None = None) -> int:
                 break
             r = check_shape(seed)
             records.append(r)
-            with out.open("a") as f:
-                f.write(json.dumps(r) + "\n")
+            append(out, r)
             print(f"shape {seed}: {r['verdict']} in {r['seconds']:.0f} s ({shape_text(r['shape'])})"
                   + "".join(f"\n  {m}" for m in r["failures"]), flush=True)
     atomic_write(a.table, render(records))

@@ -12,7 +12,8 @@ from __future__ import annotations
 import pytest
 
 from engine.kernels import available_paths
-from faults import Q6K_TOO_LARGE, broken_engine, results, run_check, statuses
+from faults import (FAULT_SET, Q6K_TOO_LARGE, SLOT_BEFORE_READ, THREAD_DEPENDENT_SUM, WRONG_SIZE_PREFETCH,
+                    broken_engine, results, run_check, statuses)
 
 pytestmark = pytest.mark.usefixtures("built_engine")
 
@@ -40,11 +41,7 @@ def test_kernel_catches_a_fault_on_one_kernel_path_only(tmp_path, tiny_model):
     """The 256-bit k-quant product (the avx2 path) 0.1 % off: the default path (the fastest
     this CPU runs) and the others pass, every [avx2] result fails -- on a runner whose
     default is avx512 only the declared paths can catch it."""
-    cmd = broken_engine(tmp_path, """
-        import engine.kernels_x86 as A
-        good = A.matmul_kquant
-        A.matmul_kquant = lambda *a: good(*a) * np.float32(1.001)
-    """)
+    cmd = broken_engine(tmp_path, FAULT_SET["the avx2 k-quant product 0.1 % off"].patch)
     rc, rep = run_check(tmp_path, tiny_model, cmd, "--suites", "kernel,layer", "--set", "kernel.pairs=[[0, 0], [1, 7]]")
     st = statuses(rep, "kernel")
     failed = {n for n, s in st.items() if s == "fail"}
@@ -74,11 +71,7 @@ def test_a_kernel_path_this_cpu_cannot_run_is_a_skip(tmp_path, tiny_model):
 def test_kernel_catches_wrong_offset_in_paged_path(tmp_path, tiny_model):
     """The pager reads expert e-1's bytes for expert e (off by one expert): the selftest's
     slot hash names the expert whose bytes are in the slot; e2e A/B sees it too."""
-    cmd = broken_engine(tmp_path, """
-        import engine.paging.arena as A
-        good = A.LayerLayout.ranges
-        A.LayerLayout.ranges = lambda self, expert: good(self, expert - 1 if expert > 0 else expert)
-    """)
+    cmd = broken_engine(tmp_path, FAULT_SET["an expert read from its predecessor's bytes"].patch)
     rc, rep = run_check(tmp_path, tiny_model, cmd, "--suites", "kernel,e2e",
                         "--set", "kernel.pairs=[[3, 0], [3, 7]]", "--set", "prompts.e2e=[Hello]")
     assert rc == 1
@@ -96,17 +89,7 @@ def test_kernel_names_a_part_read_a_page_off_by_comparison_not_by_a_crash(tmp_pa
     """Expert 2's down part read from one page later in the file: finite wrong bytes of the
     same tensor (the engine computes with them without crashing). The kernel suite's slot
     comparison names the expert, the part and the offset; the run itself succeeded."""
-    cmd = broken_engine(tmp_path, """
-        import engine.paging.arena as A
-        good = A.LayerLayout.ranges
-        def ranges(self, expert):
-            r = good(self, expert)
-            if expert == 2:
-                off, length, at = r[2]
-                r[2] = (off + 4096, length, at)
-            return r
-        A.LayerLayout.ranges = ranges
-    """)
+    cmd = broken_engine(tmp_path, FAULT_SET["expert 2's down part read a page late"].patch)
     rc, rep = run_check(tmp_path, tiny_model, cmd, "--suites", "kernel", "--set", "kernel.pairs=[[1, 1], [1, 2]]",
                         "--set", "kernel.paths=[]")
     st = statuses(rep, "kernel")
@@ -119,41 +102,6 @@ def test_kernel_names_a_part_read_a_page_off_by_comparison_not_by_a_crash(tmp_pa
 
 
 # ----------------------------------------------------------------- layer & prefetch-stress
-
-WRONG_SIZE_PREFETCH = """
-    # A prefetch of a large-slot expert takes a free/evictable SMALL slot (the slot class is
-    # not checked), and the read is not bounds-checked either: it writes past the small slot
-    # into its neighbour -- the bug the original project's prefetch-stress layer was added for.
-    import engine.paging.cache_policy as C, engine.paging.pager as P
-    def prefetch(self, key, current_layer, clock, protect=frozenset()):
-        if key in self.where or not self.admissible(key):
-            return None
-        k = self.cls(key)
-        k_slot = 0 if k == 1 and len(self.n_slots) == 2 else k
-        taken = self._take(k_slot, lambda v: v[0] != current_layer and v not in self.in_use
-                           and v not in self.outstanding and v not in protect)
-        if taken is None:
-            return None
-        slot, victim = taken
-        self.where[key] = slot
-        self.owner[slot] = key
-        self.lru[k_slot][key] = slot
-        self.outstanding[key] = clock
-        self.prefetch_issued += 1
-        return C.Decision(key, False, slot, victim)
-    C.CachePolicy.prefetch = prefetch
-
-    def read_into_slot(self, key, slot):
-        layout = self.layouts[key[0]]
-        h = self.slot_read[slot]
-        if h is not None:
-            self._wait(h)
-        off = self.arena.slot_offset[slot]
-        mem = memoryview(self.arena.mem)[off:off + layout.slot_bytes]
-        self.slot_read[slot] = self.io.submit(self._ranges(key, self._arena_addr + off, mem))
-    P.Pager._read_into_slot = read_into_slot
-"""
-
 
 def test_prefetch_stress_catches_prefetch_into_wrong_size_slot(tmp_path, tiny_model):
     cmd = broken_engine(tmp_path, WRONG_SIZE_PREFETCH)
@@ -169,27 +117,6 @@ def test_prefetch_stress_catches_prefetch_into_wrong_size_slot(tmp_path, tiny_mo
     assert any("MoE output differs from the reference" in r["message"] for r in failed), failed
 
 
-SLOT_BEFORE_READ = """
-    # Compute from a slot without waiting for its read; the reader threads are slow (a busy
-    # disk), so the bytes are not there yet.
-    import engine.paging.expert_io as IO, engine.paging.pager as P
-    slow = IO.ExpertIO._read
-    def read(self, *a):
-        time.sleep(0.003)
-        return slow(self, *a)
-    IO.ExpertIO._read = read
-    def views_of(self, layer, d):
-        layout = self.layouts[layer]
-        if d.slot < 0:
-            buf, h = self._transient[d.key]
-            self._wait(h)
-            return tuple(buf[p.offset_in_slot:p.offset_in_slot + p.stride].reshape(p.rows, p.row_bytes)
-                         for p in layout.parts)
-        return self.arena.expert_views(d.slot, layout, self.shape_id[layer])   # no wait
-    P.Pager._views_of = views_of
-"""
-
-
 def test_prefetch_stress_catches_slot_computed_before_read_completed(tmp_path, tiny_model):
     cmd = broken_engine(tmp_path, SLOT_BEFORE_READ)
     rc, rep = run_check(tmp_path, tiny_model, cmd, "--suites", "prefetch-stress",
@@ -200,27 +127,6 @@ def test_prefetch_stress_catches_slot_computed_before_read_completed(tmp_path, t
 
 
 # ----------------------------------------------------------------- determinism
-
-THREAD_DEPENDENT_SUM = """
-    # RMSNorm's sum of squares accumulated in per-thread partial sums: the result depends on
-    # the thread count (every other layer recomputes from the dumped input, so only the
-    # determinism layer can see it).
-    import engine.ops as O, engine.kernels as K
-    good = O.rms_norm
-    def rms_norm(x, w, eps):
-        t = K.get_threads()
-        if t == 1:
-            return good(x, w, eps)
-        x = np.ascontiguousarray(x, dtype=np.float32)
-        parts = np.array_split(x * x, t, axis=-1)
-        ss = parts[0].sum(axis=-1, dtype=np.float32)
-        for p in parts[1:]:
-            ss = ss + p.sum(axis=-1, dtype=np.float32)
-        scale = np.float32(1.0) / np.sqrt(ss / np.float32(x.shape[-1]) + np.float32(eps))
-        return (x * scale[:, None] * w).astype(np.float32)
-    O.rms_norm = rms_norm
-"""
-
 
 def test_determinism_catches_thread_count_dependent_accumulation(tmp_path, tiny_model):
     cmd = broken_engine(tmp_path, THREAD_DEPENDENT_SUM)
@@ -301,8 +207,9 @@ def test_the_default_settings_counters_are_replayed(tmp_path, tiny_model):
     on the contract's cache policy: an LRU that ignores hits passes every comparison between
     runs (it is deterministic) and fails the replay."""
     from test_shapes import POLICY_FAULTS
-    patch, says = POLICY_FAULTS["LRU order not updated on a hit"]
-    rc, rep = run_check(tmp_path, tiny_model, broken_engine(tmp_path, patch), "--suites", "determinism")
+    says = POLICY_FAULTS["LRU order not updated on a hit"]
+    rc, rep = run_check(tmp_path, tiny_model, broken_engine(tmp_path, FAULT_SET["LRU order not updated on a hit"].patch),
+                        "--suites", "determinism")
     st = statuses(rep, "determinism")
     assert rc == 1 and st == {"page cache dropped": "pass", "threads 1 vs 2": "pass", "threads 1 vs 3": "pass",
                               "default settings: counters replayed": "fail"}, st
@@ -314,13 +221,7 @@ def test_an_engine_that_breaks_at_start_up_is_a_failing_engine(tmp_path, tiny_mo
     (exit 2, one line) on every run: at the contract's settings, on a model epmci validated
     and the engine declares it runs, that is the engine's defect -- exit 1 with the engine's
     line in every failure, not exit 2 (which a user reads as the gate being broken)."""
-    cmd = broken_engine(tmp_path, """
-        import engine.runtime as R
-        from engine.gguf_model import ModelError
-        def warm_up(*a, **k):
-            raise ModelError("token_embd.weight: short read (4096 of 8192 bytes)")
-        R.warm_up = warm_up
-    """)
+    cmd = broken_engine(tmp_path, FAULT_SET["a short read in the start-up warm-up"].patch)
     rc, rep = run_check(tmp_path, tiny_model, cmd, "--suites", "kernel,layer,determinism")
     assert rc == 1 and not rep.get("tool_error"), rep.get("tool_error")
     assert "short read" in rep["meta"]["engine_refused_every_run"]

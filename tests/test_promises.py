@@ -17,7 +17,7 @@ from epmci.contract.promises import Promises, broken_promises
 from epmci.gguf.facts import ModelFacts
 from epmci.gguf.file import ModelFile
 from epmci.synth.store import make_model
-from faults import broken_engine, results, run_check, statuses
+from faults import FAULT_SET, broken_engine, results, run_check, slot_fault, statuses
 
 
 @pytest.mark.parametrize("preset", ["tiny", "ci", "tiny35"])
@@ -91,30 +91,13 @@ def test_slot_promises_name_both_counts(tiny_model):
     assert promises.broken(records=[rec], **{**kw, "arena_mb": 2 * arena_mb})
 
 
-def slot_fault(when: str, counts: str) -> str:
-    """A copy of the engine whose slot plan takes `counts` (an expression of the right plan
-    `p`) instead when `when` holds."""
-    return f"""
-import os
-import engine.paging.arena as A, engine.paging.pager as P
-good = A.plan_slots
-def plan_slots(layouts, n_expert, n_expert_used, batch, arena_bytes, uniform):
-    p = good(layouts, n_expert, n_expert_used, batch, arena_bytes, uniform)
-    if {when}:
-        p = A.SlotPlan(p.class_sizes, p.class_names, {counts}, p.class_of_layer, p.need, p.min_bytes, p.uniform)
-    return p
-A.plan_slots = P.plan_slots = plan_slots
-"""
-
-
 # A slot plan off by one in one layout, and the switches run that uses that layout: the run
 # fails with both counts (the contract's and the engine's).
 SLOT_FAULTS = {
-    "mixed: one small slot fewer than the arena holds": (
-        slot_fault("len(p.n_slots) == 2 and p.n_slots[0] > p.need[0]", "(p.n_slots[0] - 1, p.n_slots[1])"),
-        "default"),
-    "uniform: one slot more than the arena holds": (
-        slot_fault("uniform", "(p.n_slots[0] + 1,)"), "hot pins, uniform slots"),
+    "mixed arena: one small slot fewer than it holds": (
+        FAULT_SET["mixed arena: one small slot fewer than it holds"].patch, "default"),
+    "uniform arena: one slot more than it holds": (
+        FAULT_SET["uniform arena: one slot more than it holds"].patch, "hot pins, uniform slots"),
     "admission: one large slot fewer": (
         slot_fault("os.environ.get('SDQ_ADMIT_MIN_HITS', '1') != '1' and p.n_slots[-1] > p.need[-1]",
                    "p.n_slots[:-1] + (p.n_slots[-1] - 1,)"), "admit=2, -b 1"),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from faults import broken_engine, results, run_check, statuses
+from faults import FAULT_SET, broken_engine, results, run_check, statuses
 
 pytestmark = pytest.mark.usefixtures("built_engine")
 
@@ -52,14 +52,7 @@ def test_an_engine_without_the_state_dump_gets_the_state_result_skipped(tmp_path
 
 
 def test_recurrent_state_not_carried_across_micro_batches(tmp_path, tiny35_model):
-    rep = check_broken(tmp_path, tiny35_model, """
-        import engine.deltanet as D
-        good = D.gated_delta_rule
-        def gated_delta_rule(q, k, v, decay, beta, S, scale):
-            S[:] = 0                       # every micro-batch starts from a fresh state
-            return good(q, k, v, decay, beta, S, scale)
-        D.gated_delta_rule = gated_delta_rule
-    """, "model")
+    rep = check_broken(tmp_path, tiny35_model, FAULT_SET["recurrent state not carried across micro-batches"].patch, "model")
     st, msg = statuses(rep, "model"), messages(rep, "model")
     assert set(st.values()) == {"fail"}, st
     assert "first at position 32;" in msg["prompt positions"]          # the second micro-batch
@@ -108,11 +101,7 @@ def test_state_reset_between_prefill_and_decode(tmp_path, tiny35_model):
 def test_shared_expert_gate_dropped(tmp_path, tiny35_model):
     """The shared expert's sigmoid gate (one value per row) replaced by 1: every layer's
     dumped shared-expert output differs, the routed experts' does not."""
-    rep = check_broken(tmp_path, tiny35_model, """
-        import engine.qwen35moe as Q
-        good = Q.sigmoid
-        Q.sigmoid = lambda x: np.ones_like(x) if np.shape(x)[-1] == 1 else good(x)
-    """, "layer", "model")
+    rep = check_broken(tmp_path, tiny35_model, FAULT_SET["the shared expert's gate dropped"].patch, "layer", "model")
     layer = messages(rep, "layer")
     assert set(statuses(rep, "layer").values()) == {"fail"}
     for m in layer.values():

@@ -13,7 +13,7 @@ from epmci.config.schema import CheckConfig
 from epmci.gguf.facts import ModelFacts
 from epmci.synth.shapes import shape
 from epmci.synth.store import shape_model
-from faults import broken_engine, results, run_check, statuses
+from faults import FAULT_SET, REMAINDER_LOST, broken_engine, results, run_check, statuses
 from test_switches import FAULTS
 
 # seed: what the shape is the test for
@@ -139,8 +139,9 @@ def test_the_correct_engine_passes_every_shape(tmp_path, seed):
 def test_a_late_issue_fault_is_caught_on_a_3_layer_model(tmp_path):
     """The late-issued prefetch reading its neighbour: on 3 layers the plan predicts 1 layer
     ahead (2 would leave no layer start to issue late at), and the run reaches the branch."""
-    patch, _, says = FAULTS["a late-issued prefetch reads the neighbouring expert"]
-    rc, rep = run_check(tmp_path, shape_model(31), broken_engine(tmp_path, patch), "--suites", "switches",
+    fault = "a late-issued prefetch reads the neighbouring expert"
+    _, says = FAULTS[fault]
+    rc, rep = run_check(tmp_path, shape_model(31), broken_engine(tmp_path, FAULT_SET[fault].patch), "--suites", "switches",
                         "--set", "switches.runs=[default, 'far layer-ahead, small queue']")
     st = statuses(rep, "switches")
     assert rc == 1 and st == {"default": "pass", "far layer-ahead, small queue": "fail"}, st
@@ -152,11 +153,7 @@ def test_a_late_issue_fault_is_caught_on_a_3_layer_model(tmp_path):
 def test_under_reported_evictions_are_caught_on_a_2_layer_model(tmp_path):
     """An engine that reports no evictions: prefetch-stress holds them to the fewest any
     policy needs on the run's own routing (Belady), with no golden to compare with."""
-    patch = """
-        import engine.paging.cache_policy as C
-        good = C.CachePolicy.counters
-        C.CachePolicy.counters = lambda self: {**good(self), "evictions": 0}
-    """
+    patch = FAULT_SET["evictions reported as 0"].patch
     rc, rep = run_check(tmp_path, shape_model(15), broken_engine(tmp_path, patch), "--suites", "prefetch-stress")
     heads = [r for r in results(rep, "prefetch-stress") if r["name"].endswith(" run")]
     assert rc == 1 and heads and all(r["status"] == "fail" for r in heads), heads
@@ -168,22 +165,7 @@ def test_under_reported_evictions_are_caught_on_a_2_layer_model(tmp_path):
 def test_a_prefetch_into_the_wrong_bytes_is_caught_on_a_1_layer_model(tmp_path):
     """On one layer the stress run predicts its own layer (distance 0): a prefetch that reads
     the neighbouring expert's bytes is computed from, and the MoE dump differs."""
-    patch = """
-        import engine.paging.pager as P
-        good_begin, good_read = P.Pager.begin_layer, P.Pager._read_into_slot
-        PREFETCHING = [False]
-        def begin_layer(self, il, x):
-            PREFETCHING[0] = True
-            try:
-                return good_begin(self, il, x)
-            finally:
-                PREFETCHING[0] = False
-        def _read_into_slot(self, key, slot):
-            if PREFETCHING[0]:
-                key = (key[0], (key[1] + 1) % self.gm.hp.n_expert)
-            return good_read(self, key, slot)
-        P.Pager.begin_layer, P.Pager._read_into_slot = begin_layer, _read_into_slot
-    """
+    patch = FAULT_SET["a prefetch reads the neighbouring expert's bytes"].patch
     rc, rep = run_check(tmp_path, shape_model(3), broken_engine(tmp_path, patch), "--suites", "prefetch-stress")
     st = statuses(rep, "prefetch-stress")
     assert rc == 1 and st["mixed L0"] == "fail" and st["uniform L0"] == "fail", st
@@ -203,27 +185,11 @@ def test_a_dump_with_fewer_lookups_than_the_counters_fails_closed():
 
 # Cache-policy faults that change no logit: on a model with no golden only the replay of the
 # contract's policy on the run's own routing and predictions can see them (check/cache_check.py).
-POLICY_FAULTS = {
-    "LRU order not updated on a hit": ("""
-        import engine.paging.cache_policy as C
-        C.CachePolicy.touch = lambda self, key: None
-    """, "counters are not what the contract's cache policy gives"),
-    "a full prefetch queue silently drops a waiting prediction": ("""
-        import engine.paging.prefetch as PF
-        good = PF.PrefetchQueue.pump
-        def pump(self, n_outstanding, issue):
-            if self.pending and n_outstanding() >= self.cap:
-                key, _ = self.pending.popleft()
-                self._pending_keys.discard(key)
-                self._waited.discard(key)
-            return good(self, n_outstanding, issue)
-        PF.PrefetchQueue.pump = pump
-    """, "counters are not what the contract's cache policy gives"),
-    "predictions made with the current layer's router": ("""
-        import engine.paging.prefetch as PF
-        good = PF.Predictor.predict
-        PF.Predictor.predict = lambda self, layer, x: good(self, max(layer - 1, 0), x)
-    """, "router's top-1 on the hidden state it was made from"),
+POLICY_FAULTS = {         # fault -> what one of the failures must say
+    "LRU order not updated on a hit": "counters are not what the contract's cache policy gives",
+    "a full prefetch queue silently drops a waiting prediction": "counters are not what the contract's cache policy gives",
+    "predictions made with the current layer's router": "router's top-1 on the hidden state it was made from",
+    "predictions made from the previous micro-batch's hidden state": "was not made from layer",
 }
 
 
@@ -232,31 +198,12 @@ POLICY_FAULTS = {
 def test_a_cache_policy_fault_is_caught_without_golden(tmp_path, fault):
     """On a 3-layer top-1 model of 64 experts (no golden baseline), each fault fails the
     prefetch-stress runs and the prefetching switch runs by their counters or predictions."""
-    patch, says = POLICY_FAULTS[fault]
-    rc, rep = run_check(tmp_path, shape_model(31), broken_engine(tmp_path, patch), "--suites",
+    says = POLICY_FAULTS[fault]
+    rc, rep = run_check(tmp_path, shape_model(31), broken_engine(tmp_path, FAULT_SET[fault].patch), "--suites",
                         "prefetch-stress,switches", "--set", "switches.runs=[default, 'far layer-ahead, small queue']")
     failed = [r for s in ("prefetch-stress", "switches") for r in results(rep, s) if r["status"] == "fail"]
     assert rc == 1 and any(says in r["message"] for r in failed), [(r["name"], r["message"][:300]) for r in failed]
     assert not [r for s in rep["suites"] for r in s["results"] if r["status"] == "error"]
-
-
-# Work cut into equal shares per thread, the remainder of an uneven split lost (its output
-# rows left zero): invisible wherever every size splits evenly at the thread count compared.
-REMAINDER_LOST = """
-    import engine.kernels as K
-    ITEM = 16                       # output rows per work item
-    def lose_remainder(kernel):
-        def run(ptrs, n_rows, row_bytes, act_rows, act_start, *rest):
-            out = kernel(ptrs, n_rows, row_bytes, act_rows, act_start, *rest)
-            workers, per = K.get_threads(), -(-n_rows // ITEM)
-            total = len(ptrs) * per
-            for i in range(total // workers * workers, total):
-                m, r0 = divmod(i, per)
-                out[act_start[m]:act_start[m + 1], r0 * ITEM:(r0 + 1) * ITEM] = 0
-            return out
-        return run
-    K._MATMUL = {q: lose_remainder(k) for q, k in K._MATMUL.items()}
-"""
 
 
 @pytest.mark.usefixtures("built_engine")
@@ -273,14 +220,7 @@ def test_a_fault_in_uneven_thread_splits_is_caught_where_2_threads_split_evenly(
 def test_a_leak_per_token_is_caught_without_golden(tmp_path):
     """1 MiB kept per micro-batch (every decoded token): the budget suite's longer run peaks
     64 MiB higher than its KV and logits rows allow; the correct engine moves < 1 MiB."""
-    leak = """
-        import engine.paging.pager as P
-        KEPT, good = [], P.Pager.end_batch
-        def end_batch(self, n_tokens):
-            KEPT.append(np.ones(1 << 18, np.float32))
-            return good(self, n_tokens)
-        P.Pager.end_batch = end_batch
-    """
+    leak = FAULT_SET["1 MiB kept every decoded token"].patch
     for engine_cmd, status in ((None, "pass"), (broken_engine(tmp_path, leak), "fail")):
         rc, rep = run_check(tmp_path, shape_model(31), engine_cmd, "--suites", "budget", "--no-build")
         r = results(rep, "budget")[2]

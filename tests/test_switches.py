@@ -16,7 +16,7 @@ from epmci.check.suites.switches import CHECKED_IN_SIMULATION, EVIDENCE, NO_EVEN
 from epmci.contract.cache_model import CacheModel, Lookup, Prefetch
 from epmci.contract.outputs import ContractError
 from epmci.gguf.facts import ModelFacts
-from faults import broken_engine, results, run_check, statuses
+from faults import FAULT_SET, broken_engine, results, run_check, statuses
 
 REPO = Path(__file__).resolve().parent.parent
 ALWAYS_SET = {"SDQ_MOE_DUMP", "SDQ_PREFETCH_DUMP"}   # every switches run dumps its MoE and predictions
@@ -116,116 +116,33 @@ def test_the_bundled_engine_passes_every_switch(tmp_path, tiny_model):
     assert events["serial reads, one reader, fadvise"]["serial_reads"] > 0
 
 
-# (patch, the runs that take the faulty branch, what one of their failures must say): a fault
-# on a branch only its runs take fails them and nothing else.
+# fault (tests/faults.py) -> (the runs that take the faulty branch, what one of their failures
+# must say): a fault on a branch only its runs take fails them and nothing else.
 FAULTS = {
-    "transient buffer of a deferred admission reads the neighbouring expert": ("""
-        import engine.paging.pager as P
-        good = P.Pager._read_transient
-        def _read_transient(self, key):
-            wrong = (key[0], (key[1] + 1) % self.gm.hp.n_expert)
-            kept = self._transient.pop(wrong, None)
-            good(self, wrong)
-            self._transient[key] = self._transient.pop(wrong)
-            if kept is not None:
-                self._transient[wrong] = kept
-        P.Pager._read_transient = _read_transient
-    """, ["admit=2, -b 1"], "MoE output differs from the reference"),
-    "admission one lookup early": ("""
-        import engine.paging.cache_policy as C
-        good = C.CachePolicy.__init__
-        def __init__(self, *a, **k):
-            good(self, *a, **k)
-            self.admit_min_hits = max(1, self.admit_min_hits - 1)
-        C.CachePolicy.__init__ = __init__
-    """, ["admit=2, -b 1"], "not what the contract's cache policy gives"),
-    "hot pins loaded with the neighbouring expert's bytes": ("""
-        import engine.paging.pager as P
-        good = P.Pager.start
-        def start(self):
-            self.pins = [((k[0], (k[1] + 1) % self.gm.hp.n_expert), s) for k, s in self.pins]
-            good(self)
-        P.Pager.start = start
-    """, ["hot pins, uniform slots"], "differs from the reference"),
-    "serial reads put the up part's bytes into down": ("""
-        import engine.paging.expert_io as IO
-        good = IO.ExpertIO.submit
-        def submit(self, ranges, defer=False):
-            if not self.parallel and len(ranges) == 3:
-                ranges = [ranges[0], ranges[1], (ranges[1][0], ranges[2][1], ranges[2][2], ranges[2][3])]
-            return good(self, ranges, defer)
-        IO.ExpertIO.submit = submit
-    """, ["serial reads, one reader, fadvise"], "differs from the reference"),
-    "exact reads miss each part's last 32 bytes": ("""
-        import engine.paging.arena as A
-        good = A.part_window
-        A.part_window = lambda off, stride, n, size, direct: good(off, stride, n, size, direct) if direct else (0, stride - 32)
-    """, ["admit=3, -b 3, exact reads, SDQ_ARENA_MB"], "io_bytes"),     # reads move fewer bytes than the experts
-    "two-layer-ahead prefetch reads the layer before": ("""
-        import engine.paging.pager as P
-        good = P.Pager._read_into_slot
-        def _read_into_slot(self, key, slot):
-            if self.cfg.prefetch_layer_ahead == 2 and key[0] == self.current_layer + 2:
-                key = (key[0] - 1, key[1])
-            return good(self, key, slot)
-        P.Pager._read_into_slot = _read_into_slot
-    """, ["far layer-ahead, small queue"], ""),
-    # a prediction issued late, after waiting for a full queue, reads the neighbouring
-    # expert: only a run whose queue overflows with predictions that outlive their layer
-    # reaches it (the perf suite's long prompt used to be the only one that did)
-    "a late-issued prefetch reads the neighbouring expert": ("""
-        import engine.paging.prefetch as F, engine.paging.pager as P
-        good_pump, good_read = F.PrefetchQueue.pump, P.Pager._read_into_slot
-        LATE = set()
-        def pump(self, n_outstanding, issue):
-            seen = [self.late]
-            def tagged(key, born):          # the queue counted it late just before issuing it
-                if self.late > seen[0]:
-                    LATE.add(key)
-                seen[0] = self.late
-                issue(key, born)
-            return good_pump(self, n_outstanding, tagged)
-        def _read_into_slot(self, key, slot):
-            if key in LATE:
-                LATE.discard(key)
-                key = (key[0], (key[1] + 1) % self.gm.hp.n_expert)
-            return good_read(self, key, slot)
-        F.PrefetchQueue.pump, P.Pager._read_into_slot = pump, _read_into_slot
-    """, ["far layer-ahead, small queue"], "differs from the reference"),
-    # serial reads and fadvise ignored: the bytes and every counter are as in the default run,
-    # so only the run's branch events can tell the switches had no effect
-    "SDQ_IO_PARALLEL=0 and SDQ_FADV_DONTNEED=1 ignored": ("""
-        import engine.paging.expert_io as IO
-        good = IO.ExpertIO.__init__
-        def __init__(self, path, threads=4, parallel=True, fadvise_dontneed=False, direct=True):
-            good(self, path, threads, True, False, direct)
-        IO.ExpertIO.__init__ = __init__
-    """, ["serial reads, one reader, fadvise"], "did not reach its switch's branch (SDQ_IO_PARALLEL=0"),
-    # the queue's cap not applied: nothing ever waits, so the queue's run never reaches its branch
-    "SDQ_PREFETCH_QUEUE ignored": ("""
-        import engine.paging.prefetch as F
-        good = F.PrefetchQueue.__init__
-        def __init__(self, cap, stale):
-            good(self, 64, stale)
-        F.PrefetchQueue.__init__ = __init__
-    """, ["far layer-ahead, small queue"], "did not reach its switch's branch (SDQ_PREFETCH_QUEUE=2"),
-    "-b ignored": ("""
-        import engine.runtime as R
-        good = R.Engine.__init__
-        def __init__(self, path, options=None):
-            options.batch = 32
-            good(self, path, options)
-        R.Engine.__init__ = __init__
-    """, ["default", "admit=2, -b 1", "admit=3, -b 3, exact reads, SDQ_ARENA_MB"], "micro-batches"),
+    "transient buffer of a deferred admission reads the neighbouring expert": (["admit=2, -b 1"],
+                                                                               "MoE output differs from the reference"),
+    "admission one lookup early": (["admit=2, -b 1"], "not what the contract's cache policy gives"),
+    "hot pins loaded with the neighbouring expert's bytes": (["hot pins, uniform slots"], "differs from the reference"),
+    "serial reads put the up part's bytes into down": (["serial reads, one reader, fadvise"], "differs from the reference"),
+    # reads move fewer bytes than the experts
+    "exact reads miss each part's last 32 bytes": (["admit=3, -b 3, exact reads, SDQ_ARENA_MB"], "io_bytes"),
+    "two-layer-ahead prefetch reads the layer before": (["far layer-ahead, small queue"], ""),
+    "a late-issued prefetch reads the neighbouring expert": (["far layer-ahead, small queue"],
+                                                             "differs from the reference"),
+    "SDQ_IO_PARALLEL=0 and SDQ_FADV_DONTNEED=1 ignored": (["serial reads, one reader, fadvise"],
+                                                           "did not reach its switch's branch (SDQ_IO_PARALLEL=0"),
+    "SDQ_PREFETCH_QUEUE ignored": (["far layer-ahead, small queue"],
+                                   "did not reach its switch's branch (SDQ_PREFETCH_QUEUE=2"),
+    "-b ignored": (["default", "admit=2, -b 1", "admit=3, -b 3, exact reads, SDQ_ARENA_MB"], "micro-batches"),
 }
 
 
 @pytest.mark.usefixtures("built_engine")
 @pytest.mark.parametrize("fault", list(FAULTS))
 def test_a_fault_on_one_branch_fails_that_run(tmp_path, tiny_model, fault):
-    patch, failing, says = FAULTS[fault]
+    failing, says = FAULTS[fault]
     runs = list(dict.fromkeys(["default", *failing]))
-    rc, rep = run_check(tmp_path, tiny_model, broken_engine(tmp_path, patch), "--suites", "switches",
+    rc, rep = run_check(tmp_path, tiny_model, broken_engine(tmp_path, FAULT_SET[fault].patch), "--suites", "switches",
                         "--set", f"switches.runs={runs}")
     st = statuses(rep, "switches")
     assert rc == 1 and st == {r: "fail" if r in failing else "pass" for r in runs}, st

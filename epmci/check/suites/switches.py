@@ -291,7 +291,7 @@ class SwitchesSuite:
         exact_reads = env.get("SDQ_DIRECT_IO") == "0"
         facts = ctx.facts if not exact_reads else type(ctx.facts).of(ctx.mf, ctx.cfg.run.slot_align, windows=False)
         setup = CacheSetup.of(ctx, env, self.batch(ctx, r), r.prefetch, self._pins(ctx, r))
-        problems = counter_problems(ctx, out, stats, setup, props, facts)
+        problems = counter_problems(ctx, out, stats, setup, props, facts, ctx.cfg.prompts.switches)
         if r.expect == "like-default":
             default_run, ddir, _ = self._default(ctx)
             if not default_run.ok:
