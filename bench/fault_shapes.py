@@ -145,8 +145,10 @@ def check(engine_cmd: str, model: Path, work: Path) -> tuple[int | None, list[st
     """`epmci check --fast` of the broken copy: exit code, its failures, its tool error."""
     report = work / "report.json"
     try:
-        proc = subprocess.run([sys.executable, "-m", "epmci", "check", "--fast", "--quiet", "--model", str(model),
-                               "--engine-cmd", engine_cmd, "--json", str(report), "--workdir", str(work / "check")],
+        # --fail-fast: exit 1 at the first failure is the verdict the cell needs, in a fraction of the time
+        proc = subprocess.run([sys.executable, "-m", "epmci", "check", "--fast", "--fail-fast", "--quiet",
+                               "--model", str(model), "--engine-cmd", engine_cmd, "--json", str(report),
+                               "--workdir", str(work / "check")],
                               cwd=REPO, env=ENV, capture_output=True, text=True, timeout=CHECK_TIMEOUT_S)
         rc = proc.returncode
     except subprocess.TimeoutExpired:

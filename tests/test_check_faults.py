@@ -256,3 +256,24 @@ def test_the_replay_takes_the_settings_engine_env_gives_every_run(tmp_path, tiny
                         "engine.env={SDQ_PREFETCH_QUEUE: '1', SDQ_PREFETCH_STALE_TOKENS: '0'}")
     r = {r["name"]: r for r in results(rep, "determinism")}["default settings: counters replayed"]
     assert rc == 0 and r["status"] == "pass", r["message"]
+
+
+def test_fail_fast_skips_what_had_not_started_at_the_first_failure(tmp_path, tiny_model):
+    """--fail-fast: one worker, the determinism runs first (the costliest tasks) and fail; a
+    check not yet started then is a SKIP naming that failure, none is dropped."""
+    args = ("--suites", "determinism,kernel", "--set", "kernel.pairs=[[0, 0], [1, 7]]", "--set", "kernel.paths=[]",
+            "--jobs", "1", "--set", "engine.threads=1", "--set", "determinism.threads_alt=2")
+    cmd = broken_engine(tmp_path, THREAD_DEPENDENT_SUM)
+    (tmp_path / "full").mkdir()
+    (tmp_path / "ff").mkdir()
+    rc, full = run_check(tmp_path / "full", tiny_model, cmd, *args)
+    rc_ff, rep = run_check(tmp_path / "ff", tiny_model, cmd, *args, "--fail-fast")
+    assert rc == rc_ff == 1 and rep["meta"]["fail_fast"] is True
+    names = lambda r: sorted((s["name"], x["name"]) for s in r["suites"] for x in s["results"])
+    assert names(rep) == names(full)
+    failed = [(s["name"], x["name"]) for s in rep["suites"] for x in s["results"] if x["status"] == "fail"]
+    skipped = {x["message"] for s in rep["suites"] for x in s["results"] if x["properties"].get("skipped_by") == "fail-fast"}
+    assert failed and "skip" in statuses(rep, "kernel").values(), rep["suites"]
+    (message,) = skipped
+    assert message.startswith("not run: --fail-fast stopped the check at its first failure (")
+    assert any(message.endswith(f"({s} / {n})") for s, n in failed), (message, failed)

@@ -177,12 +177,13 @@ def hidden_state_problem(ctx: CheckContext, facts: ModelFacts, preds: list[Predi
             rec = dumps[lk.layer - 1][lk.batch]
             block = rec.out + rec.shared if rec.shared is not None else rec.out
             got, want = ref.moe_input(lk.layer - 1, p.x - block), rec.h
-            what = f"layer {lk.layer - 1}'s residual and MoE output (its MoE norm of x - MoE output is not its dumped MoE input)"
+            what = (f"layer {lk.layer - 1}'s residual and MoE output (its MoE norm of x - MoE output is not its "
+                    f"dumped MoE input)")
         err = np.abs(got - want).max(axis=1) / np.maximum(np.abs(want).max(axis=1), np.float32(1e-30))
         rows = np.nonzero(~(err <= STATE_TOLERANCE))[0]
         if len(rows):
             r = int(rows[0])
-            return (f"prediction {i} (made at layer {p.layer} for layer {p.target}, micro-batch {lk.batch}) was not made "
-                    f"from layer {p.layer}'s input: its hidden state is not {what}; {len(rows)} of {len(err)} rows "
-                    f"differ, row {r} by {float(err[r]):.3g} of its largest value (tolerance {STATE_TOLERANCE:g})")
+            return (f"prediction {i} (made at layer {p.layer} for layer {p.target}, micro-batch {lk.batch}) was "
+                    f"not made from layer {p.layer}'s input: its hidden state is not {what}; {len(rows)} of "
+                    f"{len(err)} rows differ, row {r} by {float(err[r]):.3g} of its largest value (tolerance {STATE_TOLERANCE:g})")
     return None

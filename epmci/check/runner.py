@@ -77,10 +77,11 @@ class ToolError(Exception):
 def run_check(cfg: CheckConfig, progress: Progress | None = None, *, build: bool = True,
               workdir: str | os.PathLike | None = None, keep_work: bool = False,
               note: Callable[[str], None] | None = None, shard: Shard | None = None,
-              durations: dict[str, float] | None = None) -> CheckReport:
+              durations: dict[str, float] | None = None, fail_fast: bool = False) -> CheckReport:
     """Run every suite in cfg.suites (with `shard`, only its part of them, balanced by
     `durations`; check/shard.py); never raises for engine or model problems (they end up
-    in the report: failed results, or tool_error for exit 2)."""
+    in the report: failed results, or tool_error for exit 2). `fail_fast`: after the first
+    failure, the tasks not yet started are SKIPs saying so (the verdict is already FAIL)."""
     t_start = time.perf_counter()
     report = CheckReport()
     say = note or (lambda s: None)
@@ -117,8 +118,9 @@ def run_check(cfg: CheckConfig, progress: Progress | None = None, *, build: bool
             return report          # the engine broke at its build or start: that is the verdict
         ctx = _context(cfg, engine, model_path, mf, wd, report, jobs)
         report.meta["plan"] = ctx.plan.to_dict()
+        report.meta["fail_fast"] = fail_fast
         say(ctx.plan.text())
-        _run_suites(ctx, cfg, jobs, report, emit, progress, say, shard, durations)
+        _run_suites(ctx, cfg, jobs, report, emit, progress, say, shard, durations, fail_fast)
         report.meta.update(memory_mb=None if ctx.memory.capacity is None else round(ctx.memory.capacity),
                            most_runs_at_once=ctx.memory.peak_runs)
         refusal = engine_refuses_everything(report.results)
@@ -239,7 +241,7 @@ def _context(cfg: CheckConfig, engine: EngineCommand, model_path: Path, mf: Mode
 
 def _run_suites(ctx: CheckContext, cfg: CheckConfig, jobs: int, report: CheckReport, emit: Progress,
                 progress: Progress | None, say: Callable[[str], None], shard: Shard | None = None,
-                durations: dict[str, float] | None = None) -> None:
+                durations: dict[str, float] | None = None, fail_fast: bool = False) -> None:
     report.meta["suites_not_selected"] = [s for s in SUITES if s not in cfg.suites]
     try:
         suites, ready, tasks = _plan(ctx, cfg)
@@ -257,7 +259,7 @@ def _run_suites(ctx: CheckContext, cfg: CheckConfig, jobs: int, report: CheckRep
     say(f"{len(tasks)} tasks ({n_checks - len(ready)} checks) on {jobs} worker(s)")
     spans: dict[str, list[float]] = {}
     unit_seconds = {r.unit: 0.0 for r in ready}
-    _execute(tasks, jobs, emit, spans, unit_seconds)
+    _execute(tasks, jobs, emit, spans, unit_seconds, fail_fast)
     report.meta["suite_seconds"] = {suite: round(end - start, 1) for suite, (start, end) in spans.items()}
     report.meta["unit_seconds"] = {k: round(v, 2) for k, v in unit_seconds.items()}
 
@@ -342,12 +344,19 @@ def _plan(ctx: CheckContext, cfg: CheckConfig) -> tuple[list[SuiteInfo], list[Ch
 
 
 def _execute(tasks: list[tuple[int, Task]], jobs: int, emit: Callable[[CheckResult], None],
-             spans: dict[str, list[float]], unit_seconds: dict[str, float]) -> None:
+             spans: dict[str, list[float]], unit_seconds: dict[str, float], fail_fast: bool = False) -> None:
     """Run the tasks; spans[suite] = [first start, last end] (a suite's wall time, its tasks
-    running in parallel with other suites'); unit_seconds[unit] += each task's own time."""
+    running in parallel with other suites'); unit_seconds[unit] += each task's own time.
+    `fail_fast`: once a result fails, a task not yet started is its names' SKIPs instead."""
     lock = threading.Lock()
+    first_failure: list[CheckResult] = []
 
     def timed(t: Task) -> list[CheckResult]:
+        if first_failure:
+            f = first_failure[0]
+            return [CheckResult(t.suite, n, SKIP, f"not run: --fail-fast stopped the check at its first failure "
+                                                  f"({f.suite} / {f.name})", {"skipped_by": "fail-fast"}, unit=t.unit)
+                    for n in t.names or [t.name]]
         start = time.perf_counter()
         try:
             results = _run_task(t)
@@ -360,20 +369,23 @@ def _execute(tasks: list[tuple[int, Task]], jobs: int, emit: Callable[[CheckResu
                 span = spans.setdefault(t.suite, [start, start])
                 span[0], span[1] = min(span[0], start), max(span[1], end)
                 unit_seconds[t.unit] = unit_seconds.get(t.unit, 0.0) + end - start
+
+    def done(order: int, results: list[CheckResult]) -> None:
+        for i, r in enumerate(results):
+            r.order = order + i
+            emit(r)
+            if fail_fast and r.status in (FAIL, ERROR) and not first_failure:
+                first_failure.append(r)
     # biggest first, so the long sequential tasks do not end up last
     ordered = sorted([ot for ot in tasks if not ot[1].exclusive], key=lambda ot: -ot[1].cost)
     with ThreadPoolExecutor(max_workers=max(1, jobs), thread_name_prefix="epmci-check") as pool:
         futs = {pool.submit(timed, t): (o, t) for o, t in ordered}
         for fut in as_completed(futs):
             o, t = futs[fut]
-            for i, r in enumerate(fut.result()):
-                r.order = o + i
-                emit(r)
+            done(o, fut.result())
     # exclusive tasks (timing) after all others, one at a time, in plan order
     for o, t in sorted((ot for ot in tasks if ot[1].exclusive), key=lambda ot: ot[0]):
-        for i, r in enumerate(timed(t)):
-            r.order = o + i
-            emit(r)
+        done(o, timed(t))
 
 
 def _run_task(t: Task) -> list[CheckResult]:

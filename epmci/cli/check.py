@@ -23,6 +23,8 @@ def add_parser(sub) -> None:
                    "machine's share; `epmci merge` makes one verdict of the N reports (perf goes to shard N)")
     c.add_argument("--durations", metavar="REPORT.json", help="with --shard: balance the shards by the seconds "
                    "each part took in this earlier report (default: estimated engine runs)")
+    c.add_argument("--fail-fast", action="store_true", help="stop at the first failure: the checks not yet "
+                   "started are SKIPs naming it (exit 1 as without it; for a quick answer, not for CI's record)")
     c.set_defaults(func=run)
 
 
@@ -39,7 +41,8 @@ def run(a: argparse.Namespace) -> int:
           f"suites {','.join(cfg.suites)}{' (--fast)' if cfg.fast else ''}, config {cfg.source}", flush=True)
     with progress or contextlib.nullcontext():       # its heartbeat names the engine runs going on
         report = run_check(cfg, progress, build=not a.no_build, workdir=a.workdir, keep_work=a.keep_work,
-                           note=progress.note if progress else None, shard=shard, durations=durations)
+                           note=progress.note if progress else None, shard=shard, durations=durations,
+                           fail_fast=getattr(a, "fail_fast", False))
     print(file=out)
     print(rep.render_console(report), file=out, flush=True)
     rep.publish(report, a.junit_xml, a.json)
