@@ -226,3 +226,16 @@ def test_a_leak_per_token_is_caught_without_golden(tmp_path):
         r = results(rep, "budget")[2]
         assert r["name"] == "memory does not grow with tokens" and r["status"] == status, r["message"]
     assert "memory grows with tokens" in r["message"] and r["properties"]["extra_tokens"] == 64
+
+
+@pytest.mark.usefixtures("built_engine")
+def test_a_prediction_from_a_stale_state_is_caught_on_a_1_layer_model(tmp_path):
+    """One layer predicts only at layer 0: the dumped state must be the embedding of the
+    micro-batch's tokens (the prompt as -p tokenizes, then each step's top-1)."""
+    fault = "predictions made from the previous micro-batch's hidden state"
+    rc, rep = run_check(tmp_path, shape_model(3), broken_engine(tmp_path, FAULT_SET[fault].patch), "--suites",
+                        "prefetch-stress")
+    heads = [r for r in results(rep, "prefetch-stress") if r["name"].endswith(" run")]
+    assert rc == 1 and heads and all(r["status"] == "fail" for r in heads), heads
+    assert all("was not made from layer 0's input: its hidden state is not the embedding of its tokens" in r["message"]
+               for r in heads)

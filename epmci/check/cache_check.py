@@ -65,9 +65,9 @@ def prefetch_env(ctx: CheckContext, out: Path) -> dict[str, str]:
 
 
 def counter_problems(ctx: CheckContext, out: Path, stats: list[dict], setup: CacheSetup, props: dict,
-                     facts: ModelFacts | None = None, prompt: str | None = None) -> list[str]:
+                     facts: ModelFacts | None = None, text: str | None = None) -> list[str]:
     """Problems of a run's counters (and predictions) under `setup`; `props` gets the
-    oracle used and the floor. `prompt`: the greedy run's -p text (no chat template), whose
+    oracle used and the floor. `text`: the greedy run's -p text (no chat template), whose
     tokens' embeddings layer 0's predictions must be made from. ContractError when a dump is
     missing or malformed."""
     facts = facts or ctx.facts
@@ -97,7 +97,7 @@ def counter_problems(ctx: CheckContext, out: Path, stats: list[dict], setup: Cac
         preds, predicted = dumped_predictions(out / PREFETCH_DUMP, facts, lookups, setup.prefetch.layer_ahead)
         props["predictions_checked"] = len(preds)
         bad = prediction_problem(ctx, preds) or hidden_state_problem(
-            ctx, facts, preds, lookups, setup.prefetch.layer_ahead, out, prompt and run_tokens(ctx, prompt, out, stats))
+            ctx, facts, preds, lookups, setup.prefetch.layer_ahead, out, text and run_tokens(ctx, text, out, stats))
         if bad:
             return problems + [bad]          # counters replayed on wrong predictions would say less
     props["counters_oracle"] = "the contract's cache policy on its routing" + (" and predictions" if predicted else "")
@@ -140,11 +140,11 @@ def prediction_problem(ctx: CheckContext, preds: list[Prediction]) -> str | None
     return None
 
 
-def run_tokens(ctx: CheckContext, prompt: str, out: Path, stats: list[dict]) -> list[int] | None:
+def run_tokens(ctx: CheckContext, text: str, out: Path, stats: list[dict]) -> list[int] | None:
     """The tokens a greedy run evaluated: its prompt as the contract tokenizes -p, then each
     step's top-1 (ties: the lower id). None when the engine's prompt is another length (the
     contract suite names that defect)."""
-    ids = ctx.shared("reference-tokenizer", lambda: ReferenceTokenizer.of(ctx.mf)).encode(prompt, parse_special=True)
+    ids = ctx.shared("reference-tokenizer", lambda: ReferenceTokenizer.of(ctx.mf)).encode(text, parse_special=True)
     if len(ids) != prompt_tokens(stats):
         return None
     logits = read_logits(out / LOGITS_FILE)

@@ -73,7 +73,7 @@ class DeterminismSuite:
         try:
             stats = ctx.stats(out / STATS_FILE)
             problems = counter_problems(ctx, out, stats, CacheSetup.of(ctx, {}, ctx.cfg.run.batch), props,
-                                        prompt=ctx.cfg.prompts.determinism)
+                                        text=ctx.cfg.prompts.determinism)
         except ContractError as e:
             problems = [f"output unusable: {e}"]
         secs = time.perf_counter() - t0

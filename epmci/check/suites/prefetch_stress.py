@@ -72,7 +72,7 @@ class PrefetchStressSuite:
                 props[key] = stats_total(stats, key)
             props["n_slots"] = stats[0].get("n_slots")
             props["tokens"] = tokens
-            problems += counter_problems(ctx, out, stats, CacheSetup.of(ctx, env, s.batch), props, prompt=spec.prompt)
+            problems += counter_problems(ctx, out, stats, CacheSetup.of(ctx, env, s.batch), props, text=spec.prompt)
             if props["prefetch_issued"] <= 0:
                 problems.append("no prefetch was issued, so the prefetch path was not exercised")
         except ContractError as e:
