@@ -221,6 +221,9 @@ def render(records: list[dict]) -> str:
     for f in faults:
         cells = [SYMBOL[by_cell[(f, s)]["verdict"]] if (f, s) in by_cell else " " for s in shapes]
         out.append(f"| {f} | {FAULT_SET[f].kind} | " + " | ".join(cells) + " |")
+    left = [f for f in FAULT_SET if f not in faults]
+    if left:
+        out += ["", "Not run yet: " + "; ".join(left) + "."]
     out += ["", "## Shapes", ""] + [f"- {s}: {shape_text(next(r['shape'] for r in records if r['seed'] == s))}"
                                    for s in shapes]
     out += ["", "## Cells not caught", ""]
