@@ -146,12 +146,18 @@ def check(engine_cmd: str, model: Path, work: Path) -> tuple[int | None, list[st
     report = work / "report.json"
     try:
         # --fail-fast: exit 1 at the first failure is the verdict the cell needs, in a fraction of the time
-        proc = subprocess.run([sys.executable, "-m", "epmci", "check", "--fast", "--fail-fast", "--quiet",
-                               "--model", str(model), "--engine-cmd", engine_cmd, "--json", str(report),
-                               "--workdir", str(work / "check")],
-                              cwd=REPO, env=ENV, capture_output=True, text=True, timeout=CHECK_TIMEOUT_S)
-        rc = proc.returncode
+        proc = subprocess.Popen([sys.executable, "-m", "epmci", "check", "--fast", "--fail-fast", "--quiet",
+                                 "--model", str(model), "--engine-cmd", engine_cmd, "--json", str(report),
+                                 "--workdir", str(work / "check")],
+                                cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        rc = proc.wait(timeout=CHECK_TIMEOUT_S)
     except subprocess.TimeoutExpired:
+        proc.terminate()        # SIGTERM: epmci kills the engines it started (their own sessions) and exits
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
         return None, [], f"timed out after {CHECK_TIMEOUT_S} s"
     data = json.loads(report.read_text()) if report.exists() else {}
     failed = [f"{s['name']} / {r['name']}" for s in data.get("suites", []) for r in s["results"]

@@ -277,3 +277,30 @@ def test_fail_fast_skips_what_had_not_started_at_the_first_failure(tmp_path, tin
     (message,) = skipped
     assert message.startswith("not run: --fail-fast stopped the check at its first failure (")
     assert any(message.endswith(f"({s} / {n})") for s, n in failed), (message, failed)
+
+
+def test_fail_fast_does_not_stop_at_a_refusal():
+    """Whether the engine refused every run decides exit 1 or 2, so a refused run does not
+    stop --fail-fast; the first real failure does, and a task after it is a SKIP."""
+    from epmci.check.result import CheckResult
+    from epmci.check.runner import REFUSED, _execute
+    from epmci.check.suites.base import Task
+    said = {"refused": ("fail", REFUSED + "arena below the minimum"), "passes": ("pass", "ok"),
+            "fails": ("fail", "logits differ"), "after": ("pass", "ok")}
+    tasks = [(i, Task("s", n, lambda n=n: [CheckResult("s", n, *said[n])], names=[n], cost=10 - i))
+             for i, n in enumerate(said)]
+    out: list = []
+    _execute(tasks, 1, out.append, {}, {}, fail_fast=True)
+    st = {r.name: r.status for r in out}
+    assert st == {"refused": "fail", "passes": "pass", "fails": "fail", "after": "skip"}, st
+    assert out[-1].message.endswith("first failure (s / fails)")
+
+
+def test_the_hidden_state_check_fails_closed_on_logits_short_of_the_positions():
+    from epmci.check.cache_check import hidden_state_problem
+    from epmci.contract.cache_model import Lookup
+    ctx = type("Ctx", (), {"shared": lambda self, key, make: None, "mf": None})()
+    facts = type("Facts", (), {"n_layer": 1})()
+    lookups = [Lookup("prefill", 0, [1], 0, 4), Lookup("decode", 0, [2], 1, 1)]
+    says = hidden_state_problem(ctx, facts, [], lookups, 0, None, [1, 2, 3])
+    assert says.startswith("the logits have 3 rows, but the run evaluated 5 positions"), says

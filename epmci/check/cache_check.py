@@ -163,6 +163,9 @@ def hidden_state_problem(ctx: CheckContext, facts: ModelFacts, preds: list[Predi
     for lk in lookups:
         if lk.layer == 0:
             first_row[lk.batch], at = at, at + lk.rows
+    if tokens is not None and len(tokens) < at:
+        return (f"the logits have {len(tokens)} rows, but the run evaluated {at} positions: the tokens layer 0's "
+                f"predictions were made from are unknown")
     dumps: dict[int, list] = {}
     for i, (p, lk) in enumerate(zip(preds, starts)):
         if lk.layer == 0:
@@ -185,5 +188,6 @@ def hidden_state_problem(ctx: CheckContext, facts: ModelFacts, preds: list[Predi
             r = int(rows[0])
             return (f"prediction {i} (made at layer {p.layer} for layer {p.target}, micro-batch {lk.batch}) was "
                     f"not made from layer {p.layer}'s input: its hidden state is not {what}; {len(rows)} of "
-                    f"{len(err)} rows differ, row {r} by {float(err[r]):.3g} of its largest value (tolerance {STATE_TOLERANCE:g})")
+                    f"{len(err)} rows differ, row {r} by {float(err[r]):.3g} of its largest value "
+                    f"(tolerance {STATE_TOLERANCE:g})")
     return None

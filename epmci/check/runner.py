@@ -347,7 +347,8 @@ def _execute(tasks: list[tuple[int, Task]], jobs: int, emit: Callable[[CheckResu
              spans: dict[str, list[float]], unit_seconds: dict[str, float], fail_fast: bool = False) -> None:
     """Run the tasks; spans[suite] = [first start, last end] (a suite's wall time, its tasks
     running in parallel with other suites'); unit_seconds[unit] += each task's own time.
-    `fail_fast`: once a result fails, a task not yet started is its names' SKIPs instead."""
+    `fail_fast`: once a result fails (other than by the engine refusing the run), a task not
+    yet started is its names' SKIPs instead."""
     lock = threading.Lock()
     first_failure: list[CheckResult] = []
 
@@ -362,6 +363,12 @@ def _execute(tasks: list[tuple[int, Task]], jobs: int, emit: Callable[[CheckResu
             results = _run_task(t)
             for r in results:
                 r.unit = t.unit
+                # noted here, in the worker, so its next task already sees it;
+                # a refusal does not stop it: whether the engine refuses every run decides exit 1
+                # or 2 (engine_refuses_everything), and only the runs themselves can say
+                if fail_fast and r.status in (FAIL, ERROR) and REFUSED not in r.message:
+                    with lock:
+                        first_failure[:] = first_failure or [r]
             return results
         finally:
             with lock:
@@ -374,8 +381,7 @@ def _execute(tasks: list[tuple[int, Task]], jobs: int, emit: Callable[[CheckResu
         for i, r in enumerate(results):
             r.order = order + i
             emit(r)
-            if fail_fast and r.status in (FAIL, ERROR) and not first_failure:
-                first_failure.append(r)
+
     # biggest first, so the long sequential tasks do not end up last
     ordered = sorted([ot for ot in tasks if not ot[1].exclusive], key=lambda ot: -ot[1].cost)
     with ThreadPoolExecutor(max_workers=max(1, jobs), thread_name_prefix="epmci-check") as pool:
