@@ -22,9 +22,13 @@ FEATURES = ("pager", "selftest", "moe_dump", "prefetch_dump", "state_dump", "pro
             "pacing", "reference_exact")
 
 
-# The matrix-product kernel paths it has (`--kernels P`; bit-identical on each); a path the CPU
-# cannot run is refused, exit 2, one line.
-KERNEL_PATHS = ("portable", "avx2", "avx512")
+# The matrix-product kernel paths it has (`--kernels P`; bit-identical on each), each with the
+# CPU flags (/proc/cpuinfo's names) it needs: AVX2 needs F16C for the f16 scales, AVX-512 adds
+# F, BW (the byte and word multiply-adds) and VL. A path the CPU cannot run is refused, exit 2,
+# one line; the gate fails a refusal on a CPU that has every flag declared.
+KERNEL_CPU_FLAGS = {"portable": (), "avx2": ("avx2", "f16c"),
+                    "avx512": ("avx2", "f16c", "avx512f", "avx512bw", "avx512vl")}
+KERNEL_PATHS = tuple(KERNEL_CPU_FLAGS)
 
 
 def engine_version() -> str:
@@ -35,9 +39,13 @@ def engine_version() -> str:
 
 
 def contract_info() -> dict:
+    from .kernels import numba_compiles_for_host     # (kernels imports this module)
+    # Under another numba target the SIMD paths cannot be chosen on any CPU: not declared then.
+    declared = [p for p, flags in KERNEL_CPU_FLAGS.items() if not flags or numba_compiles_for_host()]
     return {"contract": CONTRACT_VERSION,
             "engine": {"name": NAME, "version": engine_version()},
             "architectures": list(ARCHS),
             "quant_types": [t.name for t in QTYPES.values()],
             "features": list(FEATURES),
-            "kernel_paths": list(KERNEL_PATHS)}
+            "kernel_paths": declared,
+            "kernel_cpu_flags": {p: list(KERNEL_CPU_FLAGS[p]) for p in declared}}

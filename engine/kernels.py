@@ -58,7 +58,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from .contract_info import KERNEL_PATHS
+from .contract_info import KERNEL_CPU_FLAGS, KERNEL_PATHS
 from .kernel_parts import (LANES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES, ROWS_PER_ITEM, U, check_f32,
                            check_q8_0, f16, kquant_block_bytes, scale_min_k4, take_item, u8_pointer, work_counters)
 from .qtypes import F32, Q4_K, Q5_K, Q6_K, Q8_0, Q8_K, QK8_0, QK_K, qtype_info
@@ -76,17 +76,18 @@ from .qtypes import F32, Q4_K, Q5_K, Q6_K, Q8_0, Q8_K, QK8_0, QK_K, qtype_info
 _path = {"name": "portable", "kquant": None, "q8_0": None, "f32": None}
 
 
+def numba_compiles_for_host() -> bool:
+    """The SIMD paths exist only when numba targets this CPU (NUMBA_CPU_NAME unset or host)."""
+    return numba.config.CPU_NAME in (None, "host")
+
+
 def available_paths() -> tuple[str, ...]:
-    """The kernel paths this CPU runs, slowest first. AVX2 needs AVX2 and F16C (the f16
-    scales) and numba compiling for this host (NUMBA_CPU_NAME unset or "host"); AVX-512
-    needs those and AVX-512 F, BW (the byte and word multiply-adds) and VL."""
+    """The kernel paths this CPU runs, slowest first: those whose CPU flags it has
+    (KERNEL_CPU_FLAGS), the SIMD ones only while numba compiles for this host."""
     from llvmlite import binding
-    host = numba.config.CPU_NAME in (None, "host")
+    host = numba_compiles_for_host()
     has = binding.get_host_cpu_features()
-    if not (host and has.get("avx2") and has.get("f16c")):
-        return ("portable",)
-    return ("portable", "avx2", "avx512") if all(has.get(f) for f in ("avx512f", "avx512bw", "avx512vl")) else \
-        ("portable", "avx2")
+    return tuple(p for p, flags in KERNEL_CPU_FLAGS.items() if not flags or host and all(has.get(f) for f in flags))
 
 
 def set_kernel_path(name: str) -> str:

@@ -47,6 +47,7 @@ def test_bundled_engine_declares_contract_2_and_its_features():
     assert caps.architectures == ("qwen3moe", "qwen35moe") and {"Q4_K", "Q5_K", "Q6_K", "Q8_0", "F32"} <= set(caps.quant_types)
     assert {"pager", "selftest", "moe_dump", "prefetch_dump", "state_dump", "profile", "teacher_forcing",
             "pacing", "reference_exact"} == caps.features <= set(FEATURES)
+    assert caps.kernel_cpu_flags["portable"] == () and caps.kernel_cpu_flags["avx512"] >= ("avx2", "f16c")
     assert model_problem(caps, "qwen3moe", {"Q4_K", "F32"}) is None
     assert "not llama" in model_problem(caps, "llama", {"Q4_K"})
     assert model_problem(caps, "qwen3moe", {"IQ2_XS", "F32"}).startswith("unsupported type IQ2_XS: epm-engine")
@@ -61,6 +62,10 @@ def test_bundled_engine_declares_contract_2_and_its_features():
      "architectures"),
     ('{"contract": 2, "engine": {"name": "x"}, "architectures": [], "quant_types": [], "features": [], '
      '"kernel_paths": ["auto"]}', "kernel_paths"),
+    ('{"contract": 2, "engine": {"name": "x"}, "architectures": [], "quant_types": [], "features": [], '
+     '"kernel_paths": ["a"], "kernel_cpu_flags": {"b": []}}', "kernel_cpu_flags"),
+    ('{"contract": 2, "engine": {"name": "x"}, "architectures": [], "quant_types": [], "features": [], '
+     '"kernel_paths": ["a"], "kernel_cpu_flags": {"a": "avx2"}}', "kernel_cpu_flags"),
 ])
 def test_a_malformed_declaration_is_named(text, problem):
     with pytest.raises(ContractError, match=problem):

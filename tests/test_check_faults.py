@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from engine.kernels import available_paths
+from epmci.perf.machine import cpu_flags
 from faults import (FAULT_SET, Q6K_TOO_LARGE, SLOT_BEFORE_READ, THREAD_DEPENDENT_SUM, WRONG_SIZE_PREFETCH,
                     broken_engine, results, run_check, statuses)
 
@@ -54,18 +55,52 @@ def test_kernel_catches_a_fault_on_one_kernel_path_only(tmp_path, tiny_model):
     assert r["properties"]["kernels"] == "avx2" and "--kernels avx2" in r["details"]
 
 
-@pytest.mark.skipif(available_paths()[-1] == "portable", reason="needs a CPU with AVX2")
-def test_a_kernel_path_this_cpu_cannot_run_is_a_skip(tmp_path, tiny_model):
+def test_a_kernel_path_this_cpu_lacks_the_flags_for_is_a_skip_naming_them(tmp_path, tiny_model):
+    """A path declared as needing an Arm flag, refused on this x86 CPU: a SKIP naming the flag."""
     cmd = broken_engine(tmp_path, """
-        import engine.kernels as K
-        K.available_paths = lambda: ("portable", "avx2")          # as on a CPU without AVX-512
+        import engine.contract_info as C
+        C.KERNEL_CPU_FLAGS["sve"] = ("sve",)
     """)
     rc, rep = run_check(tmp_path, tiny_model, cmd, "--suites", "kernel", "--set", "kernel.pairs=[[0, 0]]")
     st = statuses(rep, "kernel")
-    assert rc == 0 and st == {"L0 E0": "pass", "L0 E0 [portable]": "pass", "L0 E0 [avx2]": "pass",
-                              "L0 E0 [avx512]": "skip"}, st
+    assert rc == 0 and st["L0 E0 [sve]"] == "skip" and st["L0 E0 [portable]"] == "pass", st
+    r = {r["name"]: r for r in results(rep, "kernel")}["L0 E0 [sve]"]
+    assert r["message"].startswith("this CPU cannot run kernel path sve: it lacks sve: ") and "--kernels" in r["message"]
+
+
+def test_a_refused_path_whose_flags_are_not_declared_is_a_skip_saying_so(tmp_path, tiny_model):
+    cmd = broken_engine(tmp_path, """
+        import engine.contract_info as C
+        def info(real=C.contract_info):
+            d = real()
+            d.pop("kernel_cpu_flags")
+            d["kernel_paths"].append("vendor")
+            return d
+        engine.cli.contract_info = info
+    """)
+    rc, rep = run_check(tmp_path, tiny_model, cmd, "--suites", "kernel", "--set", "kernel.pairs=[[0, 0]]")
+    st = statuses(rep, "kernel")
+    assert rc == 0 and st["L0 E0 [vendor]"] == "skip" and st["L0 E0 [portable]"] == "pass", st
+    r = {r["name"]: r for r in results(rep, "kernel")}["L0 E0 [vendor]"]
+    assert "by the engine's word" in r["message"] and "kernel_cpu_flags" in r["message"]
+
+
+@pytest.mark.skipif(not {"avx2", "f16c", "avx512f", "avx512bw", "avx512vl"} <= cpu_flags(),
+                    reason="needs a CPU with AVX-512 F/BW/VL")
+def test_a_declared_kernel_path_refused_on_a_cpu_with_its_flags_fails(tmp_path, tiny_model):
+    """The engine claims its avx512 path (and the flags it needs, which this CPU has), then
+    refuses it as if the CPU could not: a lie, a FAIL on every result of that path."""
+    cmd = broken_engine(tmp_path, """
+        import engine.kernels as K
+        K.available_paths = lambda: ("portable", "avx2")
+    """)
+    rc, rep = run_check(tmp_path, tiny_model, cmd, "--suites", "kernel,layer", "--set", "kernel.pairs=[[0, 0]]")
+    st, layer = statuses(rep, "kernel"), statuses(rep, "layer")
+    assert rc == 1 and {n for n, s in st.items() if s != "pass"} == {"L0 E0 [avx512]"}, st
+    assert {n for n, s in layer.items() if s != "pass"} == {n for n in layer if n.endswith("[avx512]")}, layer
     r = {r["name"]: r for r in results(rep, "kernel")}["L0 E0 [avx512]"]
-    assert r["message"].startswith("this CPU cannot run kernel path avx512: ") and "--kernels" in r["message"]
+    assert r["status"] == "fail" and r["message"].startswith("the engine refused kernel path avx512, which it "
+                                                             "declares, on a CPU with every flag"), r["message"]
 
 
 def test_kernel_catches_wrong_offset_in_paged_path(tmp_path, tiny_model):

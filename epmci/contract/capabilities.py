@@ -44,6 +44,8 @@ class Capabilities:
     source: str                          # where this came from (--contract-info, epmci.yaml)
     raw: dict = field(default_factory=dict, compare=False)
     kernel_paths: tuple[str, ...] = ()   # `--kernels P` values it has (optional key kernel_paths)
+    # the CPU flags (/proc/cpuinfo names) each path needs, for the paths that say (kernel_cpu_flags)
+    kernel_cpu_flags: dict[str, tuple[str, ...]] = field(default_factory=dict, compare=False)
 
     def has(self, feature: str) -> bool:
         return feature in self.features
@@ -58,11 +60,13 @@ class Capabilities:
     def to_dict(self) -> dict:
         return {"contract": self.contract, "name": self.name, "version": self.version,
                 "architectures": list(self.architectures), "quant_types": list(self.quant_types),
-                "features": sorted(self.features), "source": self.source, "kernel_paths": list(self.kernel_paths)}
+                "features": sorted(self.features), "source": self.source, "kernel_paths": list(self.kernel_paths),
+                "kernel_cpu_flags": {p: list(f) for p, f in self.kernel_cpu_flags.items()}}
 
     def with_features(self, features: list[str], why: str) -> "Capabilities":
         return Capabilities(self.contract, self.name, self.version, self.architectures, self.quant_types,
-                            frozenset(features), f"{self.source}, features from {why}", self.raw, self.kernel_paths)
+                            frozenset(features), f"{self.source}, features from {why}", self.raw, self.kernel_paths,
+                            self.kernel_cpu_flags)
 
 
 def parse_contract_info(text: str, where: str) -> Capabilities:
@@ -89,10 +93,16 @@ def parse_contract_info(text: str, where: str) -> Capabilities:
     paths = d.get("kernel_paths", [])
     if not isinstance(paths, list) or not all(isinstance(x, str) and x.strip() and x != "auto" for x in paths):
         raise ContractError(where, f"{INFO_FLAG}: `kernel_paths` must be a list of path names (not auto), got {paths!r}")
+    flags = d.get("kernel_cpu_flags", {})
+    if not (isinstance(flags, dict) and all(p in paths and isinstance(f, list) and
+                                            all(isinstance(x, str) and x.strip() for x in f) for p, f in flags.items())):
+        raise ContractError(where, f"{INFO_FLAG}: `kernel_cpu_flags` must map declared kernel paths to lists of "
+                                   f"CPU flag names, got {flags!r}")
     version = eng.get("version")
     return Capabilities(contract, eng["name"].strip(), None if version is None else str(version),
                         tuple(lists["architectures"]), tuple(lists["quant_types"]),
-                        frozenset(lists["features"]), INFO_FLAG, d, tuple(paths))
+                        frozenset(lists["features"]), INFO_FLAG, d, tuple(paths),
+                        {p: tuple(f) for p, f in flags.items()})
 
 
 def probe(engine: EngineCommand, timeout: float) -> tuple[Capabilities | None, str | None]:

@@ -66,6 +66,11 @@ def _cpuinfo() -> dict[str, str]:
     return info
 
 
+def cpu_flags() -> frozenset[str]:
+    """This CPU's flags as /proc/cpuinfo names them (empty where it cannot be read)."""
+    return frozenset(_cpuinfo().get("flags", "").split())
+
+
 def _mount_of(path: Path) -> tuple[str, str]:
     """(fs type, device) of the mount holding path, from /proc/mounts (longest prefix)."""
     best = ("", "", "")
@@ -110,7 +115,7 @@ def current_commit() -> str | None:
 
 def fingerprint(model_dir: str | os.PathLike = ".") -> dict:
     cpu = _cpuinfo()
-    flags = sorted(cpu.get("flags", "").split())
+    flags = sorted(cpu_flags())
     fs_type, device = _mount_of(Path(model_dir))
     return {
         "cpu_model": cpu.get("model name", platform.processor() or platform.machine()),

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 from ...contract.process import EngineRun
+from ...perf.machine import cpu_flags
 from ..context import CheckContext
 from ..result import FAIL, SKIP, CheckResult
 
@@ -66,10 +67,25 @@ def path_suffix(path: str | None) -> str:
     return f" [{path}]" if path else ""
 
 
-def path_refused(suite: str, names: list[str], run: EngineRun, path: str | None) -> list[CheckResult] | None:
-    """A declared kernel path this CPU cannot run: the engine refused --kernels (exit 2),
-    each result a SKIP with its line; None when that is not what happened."""
+def path_refused(suite: str, names: list[str], run: EngineRun, path: str | None,
+                 ctx: CheckContext) -> list[CheckResult] | None:
+    """The engine refused a declared kernel path (exit 2, one line naming --kernels): each
+    result a SKIP when this CPU lacks a flag the path needs, or when the engine did not say
+    which flags it needs (its word is all there is); a FAIL when this CPU has every flag it
+    declared -- a path it claims and does not run. None when that is not what happened."""
     if not path or run.returncode != 2 or run.timed_out or "--kernels" not in run.stderr:
         return None
-    why = f"this CPU cannot run kernel path {path}: {(run.failure() or '').split(': ', 1)[-1]}"
+    line = (run.failure() or "").split(": ", 1)[-1]
+    needs = ctx.caps.kernel_cpu_flags.get(path)
+    missing = None if needs is None else [f for f in needs if f not in cpu_flags()]
+    if needs is None:
+        why = (f"this CPU cannot run kernel path {path}, by the engine's word (it declares no "
+               f"kernel_cpu_flags for it, so the gate cannot tell): {line}")
+    elif missing:
+        why = f"this CPU cannot run kernel path {path}: it lacks {', '.join(missing)}: {line}"
+    else:
+        return [CheckResult(suite, n, FAIL, f"the engine refused kernel path {path}, which it declares, on a CPU "
+                            f"with every flag it says the path needs ({', '.join(needs) or 'none'}): {line}",
+                            {"kernels": path}, run.seconds, run.stderr_tail(), f"command: {run.command_line()}")
+                for n in names]
     return [CheckResult(suite, n, SKIP, why, {"kernels": path, "skipped_by": "cpu"}, run.seconds) for n in names]

@@ -69,9 +69,9 @@ class KernelSuite:
         d = ctx.dir(f"kernel-L{il}-E{e}" + (f"-{path}" if path else ""))
         out = d / "selftest.bin"
         run = ctx.run_selftest(f"kernel {name}", il, e, rows, out, kernels=path)
-        skipped = path_refused(NAME, [name], run, path)
-        if skipped:
-            return skipped[0]
+        refused = path_refused(NAME, [name], run, path, ctx)
+        if refused:
+            return refused[0]
         if not run.ok:
             return run_failed(NAME, [name], run)[0]
         t0 = time.perf_counter()

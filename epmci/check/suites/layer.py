@@ -89,9 +89,9 @@ class LayerSuite:
         if ctx.engine.has("pager"):
             env["SDQ_PREFETCH"] = "0"
         run = ctx.run(f"layer{path_suffix(path)}", spec, out, env=env)
-        skipped = path_refused(NAME, list(names.values()), run, path)
-        if skipped:
-            return skipped
+        refused = path_refused(NAME, list(names.values()), run, path, ctx)
+        if refused:
+            return refused
         if not run.ok:
             return run_failed(NAME, list(names.values()), run)
         rows, err = evaluated_rows(out)
