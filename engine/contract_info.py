@@ -31,6 +31,12 @@ KERNEL_CPU_FLAGS = {"portable": (), "avx2": ("avx2", "f16c"),
 KERNEL_PATHS = tuple(KERNEL_CPU_FLAGS)
 
 
+def numba_compiles_for_host() -> bool:
+    """The SIMD paths exist only when numba targets this CPU (NUMBA_CPU_NAME unset or host)."""
+    import numba          # here, not at the top: most of what imports this module never compiles
+    return numba.config.CPU_NAME in (None, "host")
+
+
 def engine_version() -> str:
     try:
         return version("epmci")     # the distribution the bundled engine ships in
@@ -39,7 +45,6 @@ def engine_version() -> str:
 
 
 def contract_info() -> dict:
-    from .kernels import numba_compiles_for_host     # (kernels imports this module)
     # Under another numba target the SIMD paths cannot be chosen on any CPU: not declared then.
     declared = [p for p, flags in KERNEL_CPU_FLAGS.items() if not flags or numba_compiles_for_host()]
     return {"contract": CONTRACT_VERSION,

@@ -58,7 +58,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from .contract_info import KERNEL_CPU_FLAGS, KERNEL_PATHS
+from .contract_info import KERNEL_CPU_FLAGS, KERNEL_PATHS, numba_compiles_for_host
 from .kernel_parts import (LANES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES, ROWS_PER_ITEM, U, check_f32,
                            check_q8_0, f16, kquant_block_bytes, scale_min_k4, take_item, u8_pointer, work_counters)
 from .qtypes import F32, Q4_K, Q5_K, Q6_K, Q8_0, Q8_K, QK8_0, QK_K, qtype_info
@@ -74,11 +74,6 @@ from .qtypes import F32, Q4_K, Q5_K, Q6_K, Q8_0, Q8_K, QK8_0, QK_K, qtype_info
 # The SIMD module is imported, and each width compiled, only when chosen: on a CPU without
 # the extension its instructions do not exist.
 _path = {"name": "portable", "kquant": None, "q8_0": None, "f32": None}
-
-
-def numba_compiles_for_host() -> bool:
-    """The SIMD paths exist only when numba targets this CPU (NUMBA_CPU_NAME unset or host)."""
-    return numba.config.CPU_NAME in (None, "host")
 
 
 def available_paths() -> tuple[str, ...]:

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import os
 import platform
-import shutil
-import tempfile
 import threading
 import time
 import traceback
@@ -38,6 +36,7 @@ from .result import ERROR, FAIL, PASS, SKIP, CheckReport, CheckResult, SuiteInfo
 from .shard import Shard, Unit, loads, partition, settings_digest, unit_key
 from .suites import SUITES
 from .suites.base import Task
+from .workdirs import KEEP_FAILED, finish_workdir, new_workdir
 
 Progress = Callable[[CheckResult], None]
 
@@ -77,11 +76,14 @@ class ToolError(Exception):
 def run_check(cfg: CheckConfig, progress: Progress | None = None, *, build: bool = True,
               workdir: str | os.PathLike | None = None, keep_work: bool = False,
               note: Callable[[str], None] | None = None, shard: Shard | None = None,
-              durations: dict[str, float] | None = None, fail_fast: bool = False) -> CheckReport:
+              durations: dict[str, float] | None = None, fail_fast: bool = False,
+              keep_failed: int = KEEP_FAILED) -> CheckReport:
     """Run every suite in cfg.suites (with `shard`, only its part of them, balanced by
     `durations`; check/shard.py); never raises for engine or model problems (they end up
     in the report: failed results, or tool_error for exit 2). `fail_fast`: after the first
-    failure, the tasks not yet started are SKIPs saying so (the verdict is already FAIL)."""
+    failure, the tasks not yet started are SKIPs saying so (the verdict is already FAIL).
+    The engine outputs are removed after a pass, kept after a failure (of those in the same
+    place, the newest `keep_failed`; check/workdirs.py) and always with `keep_work`."""
     t_start = time.perf_counter()
     report = CheckReport()
     say = note or (lambda s: None)
@@ -109,11 +111,8 @@ def run_check(cfg: CheckConfig, progress: Progress | None = None, *, build: bool
             say(f"derived {line}")
         report.meta["limits"] = run_limits(cfg)
         say("limits of every engine run: " + ", ".join(f"{k} {v:g}" for k, v in report.meta["limits"].items()))
-        wd = _workdir(workdir)
+        wd = new_workdir(workdir, live=not keep_work)
         report.meta["workdir"] = str(wd)
-        if not keep_work:
-            with _live_lock:
-                _live_workdirs.add(wd)
         if build and not _build(cfg, engine, model_path, mf, wd, report, emit, say):
             return report          # the engine broke at its build or start: that is the verdict
         ctx = _context(cfg, engine, model_path, mf, wd, report, jobs)
@@ -136,12 +135,8 @@ def run_check(cfg: CheckConfig, progress: Progress | None = None, *, build: bool
     finally:
         report.seconds = time.perf_counter() - t_start
         if wd is not None:
-            with _live_lock:
-                _live_workdirs.discard(wd)
-            if keep_work or not report.passed:
-                report.meta["workdir_kept"] = True
-            else:
-                shutil.rmtree(wd, ignore_errors=True)
+            report.meta.update(finish_workdir(wd, "asked" if keep_work else None if report.passed else "failed",
+                                              keep_failed))
     return report
 
 
@@ -161,40 +156,6 @@ def run_limits(cfg: CheckConfig) -> dict[str, float]:
     e = cfg.engine
     return {"engine.timeout_s": float(e.timeout_s), "engine.max_output_mb": float(e.max_output_mb),
             "engine.max_disk_mb": float(e.max_disk_mb)}
-
-
-_live_workdirs: set[Path] = set()     # a running check's engine outputs, not to be kept
-_live_lock = threading.Lock()
-
-
-def _workdir(workdir: str | os.PathLike | None) -> Path:
-    base = Path(workdir) if workdir else None
-    if base:
-        base.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix="epmci-check-", dir=base))
-
-
-def remove_live_workdirs() -> int:
-    """Remove the engine outputs of every check still running (an epmci being stopped: a
-    self-hosted runner keeps its disk between jobs, and cancelled runs would fill it),
-    unless the check was asked to keep them. The number removed."""
-    with _live_lock:
-        live = list(_live_workdirs)
-        _live_workdirs.clear()
-    for wd in live:
-        # renamed first, at once: a worker thread still running makes no new run dir in it
-        # (CheckContext.dir creates no parents), and what it still writes goes with the rename
-        gone = wd.with_name(wd.name + ".removing")
-        try:
-            wd.rename(gone)
-        except OSError:
-            gone = wd
-        for _ in range(40):
-            shutil.rmtree(gone, ignore_errors=True)
-            if not gone.exists():
-                break
-            time.sleep(0.05)
-    return len(live)
 
 
 # Settings that reach the engine as flags (arena, budget, batch, context, threads): when the

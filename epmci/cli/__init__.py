@@ -11,7 +11,7 @@ import sys
 import threading
 from importlib import metadata
 
-from ..check.runner import remove_live_workdirs
+from ..check.workdirs import remove_live_workdirs
 from ..contract import process
 from ..errors import InputError
 from . import bench, build, check, compare, conformance, golden, history, merge, model

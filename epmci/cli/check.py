@@ -42,10 +42,14 @@ def run(a: argparse.Namespace) -> int:
     with progress or contextlib.nullcontext():       # its heartbeat names the engine runs going on
         report = run_check(cfg, progress, build=not a.no_build, workdir=a.workdir, keep_work=a.keep_work,
                            note=progress.note if progress else None, shard=shard, durations=durations,
-                           fail_fast=getattr(a, "fail_fast", False))
+                           fail_fast=getattr(a, "fail_fast", False), keep_failed=a.keep_failed)
     print(file=out)
     print(rep.render_console(report), file=out, flush=True)
     rep.publish(report, a.junit_xml, a.json)
+    removed = report.meta.get("workdirs_removed")
+    if removed:
+        print(f"removed the engine outputs of {len(removed)} older failed check(s) "
+              f"(--keep-failed {report.meta['keep_failed']})", file=out)
     if report.meta.get("workdir_kept"):
         print(f"engine outputs kept in {report.meta['workdir']}", file=out)
     if report.tool_error:

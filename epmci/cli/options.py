@@ -7,6 +7,7 @@ import argparse
 
 from ..config import load_config, parse_set, set_path
 from ..config.schema import SUITE_NAMES, CheckConfig
+from ..check.workdirs import KEEP_FAILED
 from ..errors import InputError
 
 
@@ -31,6 +32,12 @@ def add_check_args(c: argparse.ArgumentParser) -> None:
     c.add_argument("--arena-mb", type=float, help="arena of the ordinary paged runs")
 
 
+def non_negative_int(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
+    return int(text)
+
+
 def add_output_args(c: argparse.ArgumentParser) -> None:
     """Where a check's reports and engine outputs go (`epmci check`, `epmci contract-test`)."""
     c.add_argument("--junit-xml", metavar="PATH", help="write JUnit XML")
@@ -38,6 +45,9 @@ def add_output_args(c: argparse.ArgumentParser) -> None:
     c.add_argument("--no-build", action="store_true", help="do not build the engine first")
     c.add_argument("--workdir", help="where engine outputs go (default: a temp dir)")
     c.add_argument("--keep-work", action="store_true", help="keep engine outputs even when all passed")
+    c.add_argument("--keep-failed", type=non_negative_int, default=KEEP_FAILED, metavar="N",
+                   help=f"a failed check keeps its engine outputs; of the failed checks' outputs in the same "
+                        f"place, only the newest N stay (default {KEEP_FAILED})")
     c.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
 
 
