@@ -286,6 +286,38 @@ def test_a_real_oom_kill_inside_a_capped_cgroup_is_named(tmp_path):
                 time.sleep(0.1)
 
 
+@pytest.mark.skipif(not _can_make_a_memory_cgroup(), reason="needs a writable cgroup-v1 memory hierarchy (root)")
+def test_inside_a_real_cap_the_gate_runs_no_more_engines_than_fit(tmp_path, tiny_model):
+    """epmci check with --jobs 4 inside a 3 GiB cgroup: the pool is what the cap leaves
+    (less epmci's reserve), where fewer than four runs fit (each is estimated at no less than
+    RUNTIME_MIB from the model's facts). It never runs more at once than fit, no engine is
+    OOM-killed, and the check passes."""
+    from epmci.contract.memory import RUNTIME_MIB
+    cg = MEMORY_V1 / f"epmci-pool-test-{os.getpid()}"
+    cg.mkdir()
+    try:
+        (cg / "memory.limit_in_bytes").write_text(str(3072 << 20))
+        out = tmp_path / "report.json"
+        r = subprocess.run([sys.executable, "-m", "epmci", "check", "--model", str(tiny_model), "-q",
+                            "--suites", "switches", "--jobs", "4", "--json", str(out), "--no-build",
+                            "--workdir", str(tmp_path / "work")],
+                           capture_output=True, text=True, timeout=600,
+                           preexec_fn=lambda: (cg / "cgroup.procs").write_text(str(os.getpid())))
+        oom = (cg / "memory.oom_control").read_text()
+        meta = json.loads(out.read_text())["meta"]
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        assert "oom_kill 0" in oom, oom
+        fit = max(1, int(meta["memory_mb"] // RUNTIME_MIB))
+        assert meta["memory_mb"] < 3072 and fit < 4 and 1 <= meta["most_runs_at_once"] <= fit, meta
+    finally:
+        for _ in range(50):
+            try:
+                cg.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
 def test_a_started_engine_that_fills_its_output_directory_is_killed(tmp_path):
     """The paced runs' watcher also bounds the disk of the output directory (polled every
     second beside a timed engine)."""
