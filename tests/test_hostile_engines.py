@@ -44,6 +44,15 @@ HOSTILE = {
         subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
                           "time.sleep({MARK})"], preexec_fn=os.setpgrp)
     """, "left 1 process(es) of its own running (killed)"),
+    "double-forks a daemon into a new session": (f"""
+        import os
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                os.execvp("sleep", ["sleep", "{MARK}"])
+            os._exit(0)
+        os.wait()
+    """, "left 1 process(es) of its own running (killed)"),
     "never exits": ("""
         import time
         time.sleep(600)
@@ -217,7 +226,8 @@ def test_an_output_file_larger_than_any_run_writes_is_refused_unread(tmp_path):
     assert (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) < 64 * 1024
 
 
-@pytest.mark.parametrize("behaviour", ["floods stdout", "leaves a child running"])
+@pytest.mark.parametrize("behaviour", ["floods stdout", "leaves a child running",
+                                       "double-forks a daemon into a new session"])
 def test_a_started_engine_is_held_to_the_same_limits(tmp_path, behaviour):
     """The paced runs' engines (start_engine: output to files, epmci talking to them over
     other descriptors) are bounded the same way: a flood is killed at the limit, a child

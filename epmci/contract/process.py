@@ -8,6 +8,7 @@ inherited SDQ_* environment is dropped so a developer's shell cannot change what
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import shlex
 import signal
@@ -31,6 +32,9 @@ DISK_POLL_S = 0.2
 # Contract v1 had no capability declaration and made these features mandatory: an engine whose
 # features were never asked (e.g. an old base engine of --perf-base) is driven as v1 drove it.
 V1_FEATURES = frozenset({"pager", "selftest", "moe_dump", "profile"})
+# In every engine run's environment, one value per run: a process that left the run's session
+# (a double fork into a new one) still carries it, and is found and killed with the run.
+RUN_TAG = "EPMCI_RUN"
 
 
 @dataclass(frozen=True)
@@ -97,7 +101,7 @@ class EngineRun:
     launch_error: str | None = None
     broken_promises: list[str] = field(default_factory=list)   # resource promises of its stats (promises.py)
     over_limit: str | None = None     # a limit of epmci's it broke (killed for it), named
-    left_running: int = 0             # processes of its session still running after it exited (killed)
+    left_running: int = 0             # processes of the run still running after it exited (killed)
     oom_killed: bool = False          # died of SIGKILL as the OOM killer struck in epmci's memory cgroups
 
     @property
@@ -170,23 +174,27 @@ def base_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 def _launch(cmd: EngineCommand, args: list[str], env: dict[str, str] | None
             ) -> tuple[list[str], dict[str, str], dict[str, str]]:
-    """argv, the environment added to epmci's (reported with a failure) and the full one."""
+    """argv, the environment added to epmci's (reported with a failure) and the full one,
+    which carries the run's own RUN_TAG."""
     argv = [*cmd.argv, *[str(a) for a in args]]
     extra = bundled.run_env(cmd.root) if cmd.bundled else {}
     extra.update(cmd.env)
     extra.update(env or {})
-    return argv, extra, base_env(extra)
+    return argv, extra, {**base_env(extra), RUN_TAG: f"{os.getpid()}.{next(_run_numbers)}"}
 
 
 _running: dict[int, tuple[str, float]] = {}     # id -> (label, start): the engine runs going now
 _running_lock = threading.Lock()
 _live: set[subprocess.Popen] = set()             # every engine started and not yet reaped
+_tag_of: dict[subprocess.Popen, bytes] = {}      # each engine's RUN_TAG=value, as /proc shows it
+_run_numbers = itertools.count()
 _stopping = False                                # kill_all ran: epmci is exiting
 
 
-def _started(p: subprocess.Popen) -> subprocess.Popen:
+def _started(p: subprocess.Popen, env: dict[str, str]) -> subprocess.Popen:
     with _running_lock:
         _live.add(p)
+        _tag_of[p] = f"{RUN_TAG}={env[RUN_TAG]}".encode()
         late = _stopping
     if late:       # a worker thread started it after kill_all, before epmci exited
         _kill_group(p)
@@ -196,6 +204,7 @@ def _started(p: subprocess.Popen) -> subprocess.Popen:
 def _reaped(p: subprocess.Popen) -> None:
     with _running_lock:
         _live.discard(p)
+        _tag_of.pop(p, None)
 
 
 def kill_all() -> int:
@@ -228,7 +237,7 @@ def run_engine(cmd: EngineCommand, args: list[str], *, timeout: float, label: st
     t0, oom_before = time.perf_counter(), oom_kills()
     try:
         p = _started(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, env=full_env, cwd=cwd, start_new_session=True))
+                                      stderr=subprocess.PIPE, env=full_env, cwd=cwd, start_new_session=True), full_env)
     except OSError as e:
         return EngineRun(label, argv, extra, None, b"", "", time.perf_counter() - t0, timeout,
                          launch_error=f"{type(e).__name__}: {e}")
@@ -241,7 +250,7 @@ def run_engine(cmd: EngineCommand, args: list[str], *, timeout: float, label: st
     try:
         exited = _exit_event(p, captured.wake)     # woken by the exit or a limit, first come
         timed_out = not captured.wake.wait(timeout)
-        left = len(_session_pids(p.pid)) if exited.is_set() else 0
+        left = len(_run_pids(p)) if exited.is_set() else 0
         _kill_group(p)          # the engine if still going, and anything of its session left behind
         p.wait()
     except BaseException:
@@ -334,10 +343,10 @@ class _Capture:
             pass
 
     def close(self) -> tuple[bytes, bytes]:
-        """Wait for both readers (everything of the engine's session is killed by now, so
-        the pipes end), then the output kept. A pipe a process outside the session still
-        holds (a double fork into a new session) is left to its daemon reader: closing it
-        under a blocked read would block too."""
+        """Wait for both readers (every process of the run is killed by now, so the pipes
+        end), then the output kept. A pipe a process outside the run still holds (one that
+        left the session and cleared its environment) is left to its daemon reader: closing
+        it under a blocked read would block too."""
         for t, s in zip(self.threads, self.streams):
             t.join(5.0)
             if not t.is_alive():
@@ -349,7 +358,7 @@ class _Capture:
 def _exit_event(p: subprocess.Popen, *also: threading.Event) -> threading.Event:
     """An event set (with `also`) once p has exited, without reaping it (waitid WNOWAIT):
     until p.wait() reaps it, its pid -- and so its session's id -- cannot go to another
-    process, so what _session_pids finds after the exit is the engine's own, never a
+    process, so what _run_pids finds after the exit is the engine's own, never a
     process of a run started meanwhile that was given the recycled pid."""
     done = threading.Event()
 
@@ -364,18 +373,32 @@ def _exit_event(p: subprocess.Popen, *also: threading.Event) -> threading.Event:
     return done
 
 
-def _session_pids(sid: int) -> list[int]:
-    """Processes running in session `sid` (the engine's: it leads its own), zombies left
-    out; read from /proc (none where there is no /proc)."""
+def _run_pids(p: subprocess.Popen) -> list[int]:
+    """The run's processes still running: those in its session (the engine leads its own),
+    and those that left it but carry its RUN_TAG (a double fork into a new session; one
+    that also clears its environment escapes). Zombies left out; read from /proc (none
+    where there is no /proc)."""
+    with _running_lock:
+        tag = _tag_of.get(p)
     out = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             continue
-        if len(fields) > 4 and fields[0] != "Z" and int(fields[3]) == sid:
+        if len(fields) <= 4 or fields[0] == "Z":
+            continue
+        if int(fields[3]) == p.pid or tag and tag in _environ(stat.parent):
             out.append(int(stat.parent.name))
     return out
+
+
+def _environ(proc_dir: Path) -> list[bytes]:
+    """A process's environment as NAME=value entries ([] when not readable: another user's)."""
+    try:
+        return (proc_dir / "environ").read_bytes().split(b"\0")
+    except OSError:
+        return []
 
 
 class StartedEngine:
@@ -443,7 +466,7 @@ class StartedEngine:
                              launch_error=self.launch_error)
         timed_out = not self.exited.wait(max(0.0, timeout))
         self._output_over()                 # also a flood that ended between two polls
-        left = 0 if timed_out or self.over_limit or self.over_disk else len(_session_pids(self.proc.pid))
+        left = 0 if timed_out or self.over_limit or self.over_disk else len(_run_pids(self.proc))
         _kill_group(self.proc)
         self.proc.wait()
         _reaped(self.proc)
@@ -471,7 +494,7 @@ def start_engine(cmd: EngineCommand, args: list[str], out: Path, *, timeout: flo
         with open(started.stdout_path, "wb") as so, open(started.stderr_path, "wb") as se:
             started.proc = _started(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=so, stderr=se,
                                                      env=full_env, cwd=cwd, start_new_session=True,
-                                                     pass_fds=pass_fds, preexec_fn=pin))
+                                                     pass_fds=pass_fds, preexec_fn=pin), full_env)
     except OSError as e:
         started.launch_error = f"{type(e).__name__}: {e}"
     else:
@@ -480,8 +503,8 @@ def start_engine(cmd: EngineCommand, args: list[str], out: Path, *, timeout: flo
 
 
 def _kill_group(p: subprocess.Popen) -> None:
-    """Kill the engine and whatever it started: its process group, and every process of its
-    session (it leads its own) that moved to another group."""
+    """Kill the engine and whatever it started: its process group, and every other process
+    of the run (_run_pids: of its session, or carrying its tag)."""
     try:
         os.killpg(p.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -489,7 +512,7 @@ def _kill_group(p: subprocess.Popen) -> None:
             p.kill()
         except ProcessLookupError:
             pass
-    for pid in _session_pids(p.pid):
+    for pid in _run_pids(p):
         try:
             os.kill(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
