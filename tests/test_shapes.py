@@ -74,6 +74,17 @@ def test_the_plan_says_what_it_changed_and_why():
     assert top1.small_queue == 1       # a micro-batch predicts at most 2 experts: the queue must be smaller
 
 
+def test_every_distance_the_model_predicts_at_is_run():
+    """A 3-layer model's queue run stays 1 ahead (so a prediction can be issued late): the
+    plan adds a run 2 ahead, the farthest it predicts. Elsewhere another run reaches it."""
+    three = CheckPlan.of(CheckConfig(), facts(n_layer=3, slot_bytes=[1] * 3), 2, None)
+    assert (three.far_layer_ahead, three.farthest_layer_ahead, three.farthest_run) == (1, 2, True)
+    assert "a run at layer-ahead 2" in three.text()
+    for n in (1, 2, 4, 8):
+        plan = CheckPlan.of(CheckConfig(), facts(n_layer=n, slot_bytes=[1] * n), 2, None)
+        assert not plan.farthest_run and "a run at layer-ahead" not in plan.text(), n
+
+
 def test_the_queue_run_of_the_plan_takes_the_users_settings():
     """switches.queue_layer_ahead and switches.queue replace the derived ones; a distance
     the model cannot predict is brought back to one it can, and the plan says so."""
@@ -147,6 +158,21 @@ def test_a_late_issue_fault_is_caught_on_a_3_layer_model(tmp_path):
     assert rc == 1 and st == {"default": "pass", "far layer-ahead, small queue": "fail"}, st
     far = results(rep, "switches")[1]
     assert says in far["message"] and far["properties"]["env"]["SDQ_PREFETCH_LAYER_AHEAD"] == "1"
+
+
+@pytest.mark.usefixtures("built_engine")
+def test_a_two_layer_ahead_fault_is_caught_on_a_3_layer_model(tmp_path):
+    """Prefetches 2 layers ahead reading the layer before's expert: the queue run predicts 1
+    ahead on 3 layers, so only the farthest-distance run reaches the branch."""
+    fault = "two-layer-ahead prefetch reads the layer before"
+    rc, rep = run_check(tmp_path, shape_model(31), broken_engine(tmp_path, FAULT_SET[fault].patch), "--suites",
+                        "switches", "--set", "switches.runs=[default, 'far layer-ahead, small queue', "
+                                                                    "'farthest layer-ahead']")
+    st = statuses(rep, "switches")
+    assert rc == 1 and st == {"default": "pass", "far layer-ahead, small queue": "pass",
+                              "farthest layer-ahead": "fail"}, st
+    farthest = results(rep, "switches")[2]
+    assert "logits" in farthest["message"] and farthest["properties"]["env"]["SDQ_PREFETCH_LAYER_AHEAD"] == "2"
 
 
 @pytest.mark.usefixtures("built_engine")

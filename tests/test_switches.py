@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from epmci.check.routing import dumped_predictions
-from epmci.check.suites.switches import CHECKED_IN_SIMULATION, EVIDENCE, NO_EVENT, RUNS
+from epmci.check.suites.switches import CHECKED_IN_SIMULATION, EVIDENCE, FARTHEST, NO_EVENT, RUNS
 from epmci.contract.cache_model import CacheModel, Lookup, Prefetch
 from epmci.contract.outputs import ContractError
 from epmci.gguf.facts import ModelFacts
@@ -103,7 +103,8 @@ def test_the_cache_model_with_prefetch_on_a_hand_made_trace():
 def test_the_bundled_engine_passes_every_switch(tmp_path, tiny_model):
     rc, rep = run_check(tmp_path, tiny_model, None, "--suites", "switches", "--no-build")
     assert rc == 0, [r["message"] for r in results(rep, "switches") if r["status"] != "pass"]
-    assert set(statuses(rep, "switches")) == {r.name for r in RUNS}
+    # (tiny's other runs reach the farthest distance: no run of its own for it)
+    assert set(statuses(rep, "switches")) == {r.name for r in RUNS if FARTHEST not in r.env.values()}
     # every run's counters are replayed: without prefetch on the routing, with it on the
     # predictions too, each checked against the reference's router
     oracle = {r["name"]: r["properties"]["counters_oracle"] for r in results(rep, "switches")}

@@ -96,6 +96,7 @@ class CheckPlan:
     memory_mb: float | None          # what they may hold together (None: no limit)
     stress_layer_ahead: int          # prefetch-stress's SDQ_PREFETCH_LAYER_AHEAD
     far_layer_ahead: int             # the queue run's SDQ_PREFETCH_LAYER_AHEAD
+    farthest_layer_ahead: int        # the farthest distance (<= FAR_LAYER_AHEAD) the model predicts
     small_queue: int                 # the queue run's SDQ_PREFETCH_QUEUE
     hot_pin_batch: int | None        # -b of the hot-pin run (None: no pin can be placed)
     other_threads: tuple[int, ...] = ()   # the -t counts determinism compares with engine.threads
@@ -136,7 +137,15 @@ class CheckPlan:
         positions = max(2, positions)
         decode = (("layer, prefetch-stress, determinism", cfg.run.n_predict), ("switches", sw.n_predict),
                   ("e2e", cfg.e2e.n_predict), ("model", ms.n_predict), ("perf", cfg.perf.n_predict))
-        return cls(jobs, memory_mb, stress, far, queue, pins, threads, positions, decode, tuple(adjusted))
+        farthest = reachable_distance(n, FAR_LAYER_AHEAD)
+        return cls(jobs, memory_mb, stress, far, farthest, queue, pins, threads, positions, decode, tuple(adjusted))
+
+    @property
+    def farthest_run(self) -> bool:
+        """Whether the check needs a run of its own at the farthest distance: no other run
+        reaches it (a 3-layer model's queue run stays 1 ahead, so a prediction can be issued
+        late, and its engine's 2-ahead branch would otherwise never run)."""
+        return self.farthest_layer_ahead > max(self.far_layer_ahead, self.stress_layer_ahead, CONTRACT_LAYER_AHEAD)
 
     def unreachable(self, facts: ModelFacts, switch: str, value: str, distance: int) -> str | None:
         """Why a run setting `switch` to `value` (predicting `distance` layers ahead) cannot
@@ -168,6 +177,8 @@ class CheckPlan:
         pins = "no pin possible" if self.hot_pin_batch is None else f"hot pins at -b {self.hot_pin_batch}"
         queue = (f"queue run layer-ahead {self.far_layer_ahead}, queue {self.small_queue}" if self.far_layer_ahead
                  else "no queue run (no layer ahead to predict)")
+        if self.farthest_run:
+            queue += f", a run at layer-ahead {self.farthest_layer_ahead}"
         out = (f"plan: {self.jobs} engine run(s) at once, {mem}; prefetch-stress layer-ahead "
                f"{self.stress_layer_ahead}; {queue}; {pins}; determinism also at -t "
                f"{', '.join(map(str, self.other_threads))}; model suite {self.model_positions} prompt positions; "

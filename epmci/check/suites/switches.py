@@ -51,6 +51,7 @@ PROFILE = "{profile}"       # env placeholder: the default run's --profile-out f
 ARENA = "{arena}"           # env placeholder: the run's arena (SDQ_ARENA_MB; --arena-mb then asks for twice it)
 HOT_PIN = "{hot_pin}"       # env placeholder: switches.hot_pin (the arena gets that many slots more per class)
 FAR = "{far_layer_ahead}"   # env placeholder: the plan's queue-run distance (check/plan.py)
+FARTHEST = "{farthest_layer_ahead}"   # env placeholder: the farthest distance the model predicts
 QUEUE = "{small_queue}"     # env placeholder: the plan's small queue
 PREFETCH = "prefetch"       # the invariant of a prefetching run: prefetches were issued
 
@@ -82,6 +83,9 @@ RUNS = [
     # a queued prediction is dropped at its own lookup, and a wrong late-issue path could
     # never show); the plan picks both from the model (check/plan.py)
     SwitchRun("far layer-ahead, small queue", {"SDQ_PREFETCH_LAYER_AHEAD": FAR, "SDQ_PREFETCH_QUEUE": QUEUE}),
+    # every distance the model predicts at runs somewhere: planned only where no run above
+    # reaches the farthest (CheckPlan.farthest_run)
+    SwitchRun("farthest layer-ahead", {"SDQ_PREFETCH_LAYER_AHEAD": FARTHEST}),
 ]
 COUNTER_FIELDS = ("hits", "misses", "evictions", "ssd_bytes")
 
@@ -144,6 +148,8 @@ class SwitchesSuite:
             if missing:
                 out.append(lacks(NAME, r.name, missing, ctx.caps))
                 continue
+            if FARTHEST in r.env.values() and not ctx.plan.farthest_run and r.name not in wanted:
+                continue       # the other runs reach the farthest distance already
             if FAR in r.env.values() and ctx.plan.far_layer_ahead == 0:
                 out.append(CheckResult(NAME, r.name, SKIP, f"a {ctx.facts.n_layer}-layer model has no layer ahead "
                                        f"to predict", {"skipped_by": "model"}))
@@ -159,7 +165,7 @@ class SwitchesSuite:
     def env(ctx: CheckContext, r: SwitchRun) -> dict[str, str]:
         """The run's switches with the plan's values (the arena and profile stay placeholders)."""
         p = ctx.plan
-        return {k: v.replace(HOT_PIN, str(ctx.cfg.switches.hot_pin)).replace(FAR, str(p.far_layer_ahead))
+        return {k: v.replace(HOT_PIN, str(ctx.cfg.switches.hot_pin)).replace(FARTHEST, str(p.farthest_layer_ahead)).replace(FAR, str(p.far_layer_ahead))
                 .replace(QUEUE, str(p.small_queue)) for k, v in r.env.items()}
 
     @staticmethod
