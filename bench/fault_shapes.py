@@ -222,6 +222,9 @@ def render(records: list[dict]) -> str:
            f"{len(faults)} faults x {len(shapes)} shapes = {len(records)} cells: caught {verdicts['caught']} of "
            f"{exposable} that could expose their fault, missed {verdicts['MISSED']}, errors {verdicts['ERROR']}, "
            f"cannot be exposed {verdicts['cannot']}.", "",
+           "Recorded at " + ", ".join(f"{c[:7]} ({n} cells)" for c, n in Counter(r.get("commit") or "unknown"
+                                                                               for r in records).items())
+           + " (a later commit's cells were run after a fix; see git log).", "",
            "| fault | kind | " + " | ".join(str(s) for s in shapes) + " |",
            "|---|---|" + "---|" * len(shapes)]
     for f in faults:

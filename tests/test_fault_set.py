@@ -57,10 +57,12 @@ def test_the_table_counts_caught_of_the_cells_that_could_expose_their_fault():
     shape = {"arch": "qwen3moe", "layers": 2, "experts": 8, "used": 2, "embd": 256, "ff": 256, "heads": 4,
              "kv_heads": 4, "head_dim": 64, "vocab": 512, "ctx": 256, "q6k_down_layers": []}
     a, b = list(FAULT_SET)[:2]
-    recs = [{"seed": 0, "shape": shape, "fault": a, "verdict": "caught", "why": ""},
-            {"seed": 1, "shape": shape, "fault": a, "verdict": "cannot", "why": "no probe run differs"},
-            {"seed": 0, "shape": shape, "fault": b, "verdict": "MISSED", "why": "default: logits.bin differs"}]
+    recs = [{"seed": 0, "shape": shape, "fault": a, "verdict": "caught", "why": "", "commit": "1" * 40},
+            {"seed": 1, "shape": shape, "fault": a, "verdict": "cannot", "why": "no probe run differs", "commit": "1" * 40},
+            {"seed": 0, "shape": shape, "fault": b, "verdict": "MISSED", "why": "default: logits.bin differs",
+             "commit": "2" * 40}]
     md = F.render(recs)
     assert "caught 1 of 2 that could expose their fault, missed 1, errors 0, cannot be exposed 1" in md
+    assert "Recorded at 1111111 (2 cells), 2222222 (1 cells)" in md
     assert f"| {a} | {FAULT_SET[a].kind} | C | · |" in md and f"| {b} | {FAULT_SET[b].kind} | **M** |   |" in md
     assert f"- {b} on shape 0: MISSED: default: logits.bin differs" in md
