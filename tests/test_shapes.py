@@ -6,6 +6,8 @@ dozens of shapes (docs/shapes.md)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from epmci.check.plan import CheckPlan, late_issue_reason, pin_batch, reachable_distance, stale_reason
@@ -22,6 +24,7 @@ SHAPES = {
     15: "qwen3moe, 2 layers, all 4 experts used by every token: no prediction can be wrong",
     19: "qwen35moe, 3 layers, all 8 experts used, MQA, two expert sizes",
     31: "qwen3moe, 3 layers, 64 experts top-1, MQA",
+    11: "qwen3moe, 6 layers, 24 experts top-7, two expert sizes, twice as many large-slot layers",
 }
 
 
@@ -37,6 +40,7 @@ def test_the_shapes_are_what_the_tests_say():
     assert (s[15].n_layer, s[15].n_expert, s[15].n_expert_used) == (2, 4, 4)
     assert s[19].arch == "qwen35moe" and (s[19].n_layer, s[19].n_expert_used) == (3, 8) and s[19].n_head_kv == 1
     assert (s[31].n_layer, s[31].n_expert, s[31].n_expert_used, s[31].n_head_kv) == (3, 64, 1, 1)
+    assert (s[11].n_layer, s[11].n_expert, s[11].n_expert_used, len(s[11].q6k_down_layers)) == (6, 24, 7, 4)
 
 
 def test_every_generated_shape_is_valid_and_within_size():
@@ -83,6 +87,23 @@ def test_every_distance_the_model_predicts_at_is_run():
     for n in (1, 2, 4, 8):
         plan = CheckPlan.of(CheckConfig(), facts(n_layer=n, slot_bytes=[1] * n), 2, None)
         assert not plan.farthest_run and "a run at layer-ahead" not in plan.text(), n
+
+
+def test_a_margin_in_every_slot_class_where_the_split_gives_it_all_to_one():
+    """Shape 11's slot classes: 48 small-slot experts, 96 large. An arena margin_experts
+    slots' bytes above the minimum goes wholly to the large class (the contract's split), so
+    the small class sits at its need; margin_arena_bytes finds the smallest arena that leaves
+    each class the margin, and the plan adds a run at it. A uniform model needs none."""
+    S, L = 487424, 520192
+    f = facts(n_layer=6, n_expert=24, n_expert_used=7, slot_bytes=[L, S, L, L, S, L])
+    assert f.slot_counts(f.min_arena_bytes(4, False, 3), 4, False) == {"small": 24, "large": 29}
+    a = f.margin_arena_bytes(4, False, 3)
+    assert f.slot_counts(a, 4, False)["small"] == 27 and f.slot_counts(a - 1, 4, False)["small"] < 27
+    assert CheckPlan.of(CheckConfig(), f, 2, None).class_margin_run
+    assert "a run with a margin in every slot class" in CheckPlan.of(CheckConfig(), f, 2, None).text()
+    uniform = facts(n_layer=6, n_expert=24, n_expert_used=7, slot_bytes=[L] * 6)
+    assert uniform.margin_arena_bytes(4, False, 3) == uniform.min_arena_bytes(4, False, 3)
+    assert not CheckPlan.of(CheckConfig(), uniform, 2, None).class_margin_run
 
 
 def test_the_queue_run_of_the_plan_takes_the_users_settings():
@@ -173,6 +194,21 @@ def test_a_two_layer_ahead_fault_is_caught_on_a_3_layer_model(tmp_path):
                               "farthest layer-ahead": "fail"}, st
     farthest = results(rep, "switches")[2]
     assert "logits" in farthest["message"] and farthest["properties"]["env"]["SDQ_PREFETCH_LAYER_AHEAD"] == "2"
+
+
+@pytest.mark.usefixtures("built_engine")
+def test_a_slot_plan_fault_past_the_small_class_need_is_caught_on_shape_11(tmp_path):
+    """One small slot fewer than the plan gives, where the small class has more than its
+    need: every other switch run holds the small class at its need on shape 11, so only the
+    run with a margin in every class reaches it; the resource promise names the slots."""
+    fault = "mixed arena: one small slot fewer than it holds"
+    rc, rep = run_check(tmp_path, shape_model(11), broken_engine(tmp_path, FAULT_SET[fault].patch), "--suites",
+                        "switches", "--set", "switches.runs=[default, 'a margin in every slot class']")
+    st = statuses(rep, "switches")
+    assert rc == 1 and st == {"default": "pass", "a margin in every slot class": "fail"}, st
+    msg = results(rep, "switches")[1]["message"]
+    m = re.search(r"the contract gives (\d+) small \+ (\d+) large slots, the engine reports (\d+) small \+ (\d+)", msg)
+    assert m and int(m[1]) == int(m[3]) + 1 and m[2] == m[4], msg
 
 
 @pytest.mark.usefixtures("built_engine")

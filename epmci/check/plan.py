@@ -97,6 +97,7 @@ class CheckPlan:
     stress_layer_ahead: int          # prefetch-stress's SDQ_PREFETCH_LAYER_AHEAD
     far_layer_ahead: int             # the queue run's SDQ_PREFETCH_LAYER_AHEAD
     farthest_layer_ahead: int        # the farthest distance (<= FAR_LAYER_AHEAD) the model predicts
+    class_margin_run: bool           # a run whose arena leaves every slot class a margin (see of())
     small_queue: int                 # the queue run's SDQ_PREFETCH_QUEUE
     hot_pin_batch: int | None        # -b of the hot-pin run (None: no pin can be placed)
     other_threads: tuple[int, ...] = ()   # the -t counts determinism compares with engine.threads
@@ -138,7 +139,13 @@ class CheckPlan:
         decode = (("layer, prefetch-stress, determinism", cfg.run.n_predict), ("switches", sw.n_predict),
                   ("e2e", cfg.e2e.n_predict), ("model", ms.n_predict), ("perf", cfg.perf.n_predict))
         farthest = reachable_distance(n, FAR_LAYER_AHEAD)
-        return cls(jobs, memory_mb, stress, far, farthest, queue, pins, threads, positions, decode, tuple(adjusted))
+        # the switch runs' arenas have margin_experts slots' bytes above the minimum, but the
+        # contract's split can give all of it to the large class: the small one then sits at
+        # its need and the slot plan's proportional branch is never run; one run more where so
+        margin = facts.margin_arena_bytes(batch, False, sw.margin_experts)
+        class_margin = margin != facts.min_arena_bytes(batch, False, sw.margin_experts)
+        return cls(jobs, memory_mb, stress, far, farthest, class_margin, queue, pins, threads, positions, decode,
+                   tuple(adjusted))
 
     @property
     def farthest_run(self) -> bool:
@@ -179,6 +186,8 @@ class CheckPlan:
                  else "no queue run (no layer ahead to predict)")
         if self.farthest_run:
             queue += f", a run at layer-ahead {self.farthest_layer_ahead}"
+        if self.class_margin_run:
+            queue += ", a run with a margin in every slot class"
         out = (f"plan: {self.jobs} engine run(s) at once, {mem}; prefetch-stress layer-ahead "
                f"{self.stress_layer_ahead}; {queue}; {pins}; determinism also at -t "
                f"{', '.join(map(str, self.other_threads))}; model suite {self.model_positions} prompt positions; "

@@ -88,8 +88,7 @@ class ModelFacts:
         if len(sizes) == 1:
             return {"small": 0, "large": min(arena_bytes // sizes[0], self.n_expert * self.n_layer)}
         S, L = sizes
-        cl = self.n_expert * sum(1 for b in self.slot_bytes if b == L)
-        cs = self.n_expert * self.n_layer - cl
+        cs, cl = self._class_experts(L)
         large = min(max(arena_bytes * cl // (cs * S + cl * L), need), (arena_bytes - need * S) // L)
         small = (arena_bytes - large * L) // S
         if small > cs:
@@ -99,6 +98,35 @@ class ModelFacts:
             large = cl
             small = min(cs, (arena_bytes - large * L) // S)
         return {"small": small, "large": large}
+
+    def _class_experts(self, large_slot: int) -> tuple[int, int]:
+        """Experts of the small and of the large slot class in the whole model."""
+        cl = self.n_expert * sum(1 for b in self.slot_bytes if b == large_slot)
+        return self.n_expert * self.n_layer - cl, cl
+
+    def margin_arena_bytes(self, batch: int, uniform: bool, margin_slots: int) -> int:
+        """The smallest arena whose slots (slot_counts) leave every class margin_slots above
+        its need (or all its experts): min_arena_bytes(margin) has the bytes, but the
+        contract's split can give the whole margin to the large class, and a small class
+        held at its need never reaches the slot plan's proportional branch."""
+        lo = self.min_arena_bytes(batch, uniform, margin_slots)
+        sizes = self.slot_classes(uniform)
+        if len(sizes) == 1:
+            return lo
+        experts = dict(zip(("small", "large"), self._class_experts(sizes[1])))
+        need = min(self.n_expert, batch * self.n_expert_used) + margin_slots
+        hi = experts["small"] * sizes[0] + experts["large"] * sizes[1]
+
+        def holds(arena: int) -> bool:
+            got = self.slot_counts(arena, batch, uniform)
+            return got is not None and all(got[k] >= min(n, need) for k, n in experts.items())
+
+        if holds(lo) or lo >= hi:
+            return lo
+        while hi - lo > 1:           # slot_counts grows with the arena: the first size that holds
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if holds(mid) else (mid, hi)
+        return hi
 
     def total_expert_bytes(self) -> int:
         return sum(self.expert_bytes) * self.n_expert

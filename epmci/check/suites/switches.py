@@ -63,6 +63,7 @@ class SwitchRun:
     batch: int | None = None       # None: switches.batch (the hot-pin run: the plan's)
     prefetch: bool = True          # False: --no-prefetch
     expect: str = "prefetch"       # simulated | like-default | prefetch (the counters' invariants)
+    margin_in_every_class: bool = False   # its arena leaves every slot class the margin, not only the total
 
 
 RUNS = [
@@ -86,6 +87,8 @@ RUNS = [
     # every distance the model predicts at runs somewhere: planned only where no run above
     # reaches the farthest (CheckPlan.farthest_run)
     SwitchRun("farthest layer-ahead", {"SDQ_PREFETCH_LAYER_AHEAD": FARTHEST}),
+    # where the runs above leave the small slot class at its need (CheckPlan.class_margin_run)
+    SwitchRun("a margin in every slot class", {}, margin_in_every_class=True),
 ]
 COUNTER_FIELDS = ("hits", "misses", "evictions", "ssd_bytes")
 
@@ -148,8 +151,9 @@ class SwitchesSuite:
             if missing:
                 out.append(lacks(NAME, r.name, missing, ctx.caps))
                 continue
-            if FARTHEST in r.env.values() and not ctx.plan.farthest_run and r.name not in wanted:
-                continue       # the other runs reach the farthest distance already
+            if (FARTHEST in r.env.values() and not ctx.plan.farthest_run or
+                    r.margin_in_every_class and not ctx.plan.class_margin_run) and r.name not in wanted:
+                continue       # the other runs reach that branch already
             if FAR in r.env.values() and ctx.plan.far_layer_ahead == 0:
                 out.append(CheckResult(NAME, r.name, SKIP, f"a {ctx.facts.n_layer}-layer model has no layer ahead "
                                        f"to predict", {"skipped_by": "model"}))
@@ -331,12 +335,14 @@ class SwitchesSuite:
         return [(l, e) for l, e, _ in read_profile(ddir / "routing.profile")[:ctx.cfg.switches.hot_pin]]
 
     def _arena_of(self, ctx: CheckContext, r: SwitchRun, batch: int) -> float:
-        """The minimum arena of the run's batch and layout, margin_experts slots above it per
-        class (and room for the pins of a hot-pin run, which never leave their slots)."""
+        """The minimum arena of the run's batch and layout, margin_experts slots' bytes above
+        it per class (and room for the pins of a hot-pin run, which never leave their slots);
+        a margin_in_every_class run's: the smallest that leaves each class that many slots."""
         sw = ctx.cfg.switches
         uniform = r.env.get("SDQ_FORCE_UNIFORM_SLOT") == "1"
         extra = sw.hot_pin if HOT_PIN in r.env.values() else 0
-        return arena_mib(ctx.facts.min_arena_bytes(batch, uniform, sw.margin_experts + extra))
+        arena = ctx.facts.margin_arena_bytes if r.margin_in_every_class else ctx.facts.min_arena_bytes
+        return arena_mib(arena(batch, uniform, sw.margin_experts + extra))
 
 
 SUITE = SwitchesSuite()
