@@ -106,6 +106,15 @@ def test_a_margin_in_every_slot_class_where_the_split_gives_it_all_to_one():
     assert not CheckPlan.of(CheckConfig(), uniform, 2, None).class_margin_run
 
 
+def test_a_model_too_shallow_to_consume_a_prefetch_frees_the_queue_by_eviction():
+    """On 2 layers no lookup comes between a prediction and its layer's start, so only an
+    eviction frees the queue: the queue run takes uniform slots in the minimum arena."""
+    two = CheckPlan.of(CheckConfig(), facts(n_layer=2, slot_bytes=[1, 2]), 2, None)
+    assert two.queue_by_eviction and "only evictions free the queue" in two.text()
+    assert not CheckPlan.of(CheckConfig(), facts(n_layer=3, slot_bytes=[1] * 3), 2, None).queue_by_eviction
+    assert not CheckPlan.of(CheckConfig(), facts(n_layer=1, slot_bytes=[1]), 2, None).queue_by_eviction
+
+
 def test_the_queue_run_of_the_plan_takes_the_users_settings():
     """switches.queue_layer_ahead and switches.queue replace the derived ones; a distance
     the model cannot predict is brought back to one it can, and the plan says so."""
@@ -209,6 +218,19 @@ def test_a_slot_plan_fault_past_the_small_class_need_is_caught_on_shape_11(tmp_p
     msg = results(rep, "switches")[1]["message"]
     m = re.search(r"the contract gives (\d+) small \+ (\d+) large slots, the engine reports (\d+) small \+ (\d+)", msg)
     assert m and int(m[1]) == int(m[3]) + 1 and m[2] == m[4], msg
+
+
+@pytest.mark.usefixtures("built_engine")
+def test_a_late_issue_fault_is_caught_on_a_2_layer_model(tmp_path):
+    """The late-issued prefetch reading its neighbour, on 2 layers: an eviction in the queue
+    run's uniform minimum arena lets a waiting prediction out late, and its bytes are wrong."""
+    fault = "a late-issued prefetch reads the neighbouring expert"
+    rc, rep = run_check(tmp_path, shape_model(15), broken_engine(tmp_path, FAULT_SET[fault].patch), "--suites",
+                        "switches", "--set", "switches.runs=[default, 'far layer-ahead, small queue']")
+    st = statuses(rep, "switches")
+    assert rc == 1 and st["far layer-ahead, small queue"] == "fail" and st["default"] == "pass", st
+    queue = next(r for r in results(rep, "switches") if r["name"] == "far layer-ahead, small queue")
+    assert queue["properties"]["env"]["SDQ_FORCE_UNIFORM_SLOT"] == "1" and "differs" in queue["message"]
 
 
 @pytest.mark.usefixtures("built_engine")

@@ -56,12 +56,16 @@ def reachable_distance(n_layer: int, wanted: int) -> int:
 
 
 def late_issue_reason(n_layer: int, distance: int) -> str | None:
-    """Why a queued prediction can never be issued late at this distance (None: it can)."""
+    """Why no run must show a queued prediction issued late at this distance (None: the
+    queue run must). A late issue needs room in the queue between a prediction and its
+    layer's lookup: a prefetch consumed by a lookup in between (distance + 2 layers), or one
+    evicted before its use -- which only a run's routing decides."""
     if distance < 1:
         return f"with layer-ahead {distance} a waiting prediction is dropped at its own layer's lookup"
     if n_layer < distance + 2:
-        return (f"a {n_layer}-layer model has no layer start between a prediction {distance} layer(s) ahead "
-                f"and its lookup at which a waiting prediction could be issued late (needs {distance + 2} layers)")
+        return (f"a {n_layer}-layer model has no lookup between a prediction {distance} layer(s) ahead and its "
+                f"layer's start that could consume a prefetch (needs {distance + 2} layers): only an eviction "
+                f"frees the queue, which the run's routing may or may not do (its counters are replayed either way)")
     return None
 
 
@@ -98,6 +102,7 @@ class CheckPlan:
     far_layer_ahead: int             # the queue run's SDQ_PREFETCH_LAYER_AHEAD
     farthest_layer_ahead: int        # the farthest distance (<= FAR_LAYER_AHEAD) the model predicts
     class_margin_run: bool           # a run whose arena leaves every slot class a margin (see of())
+    queue_by_eviction: bool          # the queue run can free its queue only by evictions (see of())
     small_queue: int                 # the queue run's SDQ_PREFETCH_QUEUE
     hot_pin_batch: int | None        # -b of the hot-pin run (None: no pin can be placed)
     other_threads: tuple[int, ...] = ()   # the -t counts determinism compares with engine.threads
@@ -144,8 +149,12 @@ class CheckPlan:
         # its need and the slot plan's proportional branch is never run; one run more where so
         margin = facts.margin_arena_bytes(batch, False, sw.margin_experts)
         class_margin = margin != facts.min_arena_bytes(batch, False, sw.margin_experts)
-        return cls(jobs, memory_mb, stress, far, farthest, class_margin, queue, pins, threads, positions, decode,
-                   tuple(adjusted))
+        # too shallow for a lookup to consume a prefetch before the predicted layer's start: the
+        # queue run takes uniform slots (every layer's misses can evict a waiting prefetch) in
+        # the minimum arena, so an eviction makes room and a waiting prediction goes out late
+        by_eviction = far >= 1 and late_issue_reason(n, far) is not None
+        return cls(jobs, memory_mb, stress, far, farthest, class_margin, by_eviction, queue, pins, threads,
+                   positions, decode, tuple(adjusted))
 
     @property
     def farthest_run(self) -> bool:
@@ -184,6 +193,8 @@ class CheckPlan:
         pins = "no pin possible" if self.hot_pin_batch is None else f"hot pins at -b {self.hot_pin_batch}"
         queue = (f"queue run layer-ahead {self.far_layer_ahead}, queue {self.small_queue}" if self.far_layer_ahead
                  else "no queue run (no layer ahead to predict)")
+        if self.queue_by_eviction:
+            queue += " (uniform slots, the minimum arena: only evictions free the queue)"
         if self.farthest_run:
             queue += f", a run at layer-ahead {self.farthest_layer_ahead}"
         if self.class_margin_run:

@@ -169,8 +169,11 @@ class SwitchesSuite:
     def env(ctx: CheckContext, r: SwitchRun) -> dict[str, str]:
         """The run's switches with the plan's values (the arena and profile stay placeholders)."""
         p = ctx.plan
-        return {k: v.replace(HOT_PIN, str(ctx.cfg.switches.hot_pin)).replace(FARTHEST, str(p.farthest_layer_ahead)).replace(FAR, str(p.far_layer_ahead))
-                .replace(QUEUE, str(p.small_queue)) for k, v in r.env.items()}
+        env = {k: v.replace(HOT_PIN, str(ctx.cfg.switches.hot_pin)).replace(FARTHEST, str(p.farthest_layer_ahead))
+               .replace(FAR, str(p.far_layer_ahead)).replace(QUEUE, str(p.small_queue)) for k, v in r.env.items()}
+        if FAR in r.env.values() and p.queue_by_eviction:
+            env["SDQ_FORCE_UNIFORM_SLOT"] = "1"
+        return env
 
     @staticmethod
     def batch(ctx: CheckContext, r: SwitchRun) -> int:
@@ -337,12 +340,14 @@ class SwitchesSuite:
     def _arena_of(self, ctx: CheckContext, r: SwitchRun, batch: int) -> float:
         """The minimum arena of the run's batch and layout, margin_experts slots' bytes above
         it per class (and room for the pins of a hot-pin run, which never leave their slots);
-        a margin_in_every_class run's: the smallest that leaves each class that many slots."""
+        a margin_in_every_class run's: the smallest that leaves each class that many slots; a
+        queue run that only evictions can free (CheckPlan.queue_by_eviction): the minimum."""
         sw = ctx.cfg.switches
-        uniform = r.env.get("SDQ_FORCE_UNIFORM_SLOT") == "1"
+        uniform = self.env(ctx, r).get("SDQ_FORCE_UNIFORM_SLOT") == "1"
         extra = sw.hot_pin if HOT_PIN in r.env.values() else 0
+        margin = 0 if FAR in r.env.values() and ctx.plan.queue_by_eviction else sw.margin_experts
         arena = ctx.facts.margin_arena_bytes if r.margin_in_every_class else ctx.facts.min_arena_bytes
-        return arena_mib(arena(batch, uniform, sw.margin_experts + extra))
+        return arena_mib(arena(batch, uniform, margin + extra))
 
 
 SUITE = SwitchesSuite()
