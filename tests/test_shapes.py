@@ -108,7 +108,7 @@ def test_a_margin_in_every_slot_class_where_the_split_gives_it_all_to_one():
 
 def test_a_model_too_shallow_to_consume_a_prefetch_frees_the_queue_by_eviction():
     """On 2 layers no lookup comes between a prediction and its layer's start, so only an
-    eviction frees the queue: the queue run takes uniform slots in the minimum arena."""
+    eviction frees the queue: a second queue run with uniform slots in the minimum arena."""
     two = CheckPlan.of(CheckConfig(), facts(n_layer=2, slot_bytes=[1, 2]), 2, None)
     assert two.queue_by_eviction and "only evictions free the queue" in two.text()
     assert not CheckPlan.of(CheckConfig(), facts(n_layer=3, slot_bytes=[1] * 3), 2, None).queue_by_eviction
@@ -226,10 +226,10 @@ def test_a_late_issue_fault_is_caught_on_a_2_layer_model(tmp_path):
     run's uniform minimum arena lets a waiting prediction out late, and its bytes are wrong."""
     fault = "a late-issued prefetch reads the neighbouring expert"
     rc, rep = run_check(tmp_path, shape_model(15), broken_engine(tmp_path, FAULT_SET[fault].patch), "--suites",
-                        "switches", "--set", "switches.runs=[default, 'far layer-ahead, small queue']")
+                        "switches", "--set", "switches.runs=[default, 'small queue freed by evictions']")
     st = statuses(rep, "switches")
-    assert rc == 1 and st["far layer-ahead, small queue"] == "fail" and st["default"] == "pass", st
-    queue = next(r for r in results(rep, "switches") if r["name"] == "far layer-ahead, small queue")
+    assert rc == 1 and st["small queue freed by evictions"] == "fail" and st["default"] == "pass", st
+    queue = next(r for r in results(rep, "switches") if r["name"] == "small queue freed by evictions")
     assert queue["properties"]["env"]["SDQ_FORCE_UNIFORM_SLOT"] == "1" and "differs" in queue["message"]
 
 

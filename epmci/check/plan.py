@@ -102,7 +102,7 @@ class CheckPlan:
     far_layer_ahead: int             # the queue run's SDQ_PREFETCH_LAYER_AHEAD
     farthest_layer_ahead: int        # the farthest distance (<= FAR_LAYER_AHEAD) the model predicts
     class_margin_run: bool           # a run whose arena leaves every slot class a margin (see of())
-    queue_by_eviction: bool          # the queue run can free its queue only by evictions (see of())
+    queue_by_eviction: bool          # only evictions can free the queue: a run of its own for that (see of())
     small_queue: int                 # the queue run's SDQ_PREFETCH_QUEUE
     hot_pin_batch: int | None        # -b of the hot-pin run (None: no pin can be placed)
     other_threads: tuple[int, ...] = ()   # the -t counts determinism compares with engine.threads
@@ -149,9 +149,9 @@ class CheckPlan:
         # its need and the slot plan's proportional branch is never run; one run more where so
         margin = facts.margin_arena_bytes(batch, False, sw.margin_experts)
         class_margin = margin != facts.min_arena_bytes(batch, False, sw.margin_experts)
-        # too shallow for a lookup to consume a prefetch before the predicted layer's start: the
-        # queue run takes uniform slots (every layer's misses can evict a waiting prefetch) in
-        # the minimum arena, so an eviction makes room and a waiting prediction goes out late
+        # too shallow for a lookup to consume a prefetch before the predicted layer's start: a
+        # second queue run with uniform slots (every layer's misses can evict a waiting
+        # prefetch) in the minimum arena, so an eviction makes room and a prediction goes late
         by_eviction = far >= 1 and late_issue_reason(n, far) is not None
         return cls(jobs, memory_mb, stress, far, farthest, class_margin, by_eviction, queue, pins, threads,
                    positions, decode, tuple(adjusted))
@@ -194,7 +194,7 @@ class CheckPlan:
         queue = (f"queue run layer-ahead {self.far_layer_ahead}, queue {self.small_queue}" if self.far_layer_ahead
                  else "no queue run (no layer ahead to predict)")
         if self.queue_by_eviction:
-            queue += " (uniform slots, the minimum arena: only evictions free the queue)"
+            queue += " and one in uniform slots in the minimum arena (only evictions free the queue)"
         if self.farthest_run:
             queue += f", a run at layer-ahead {self.farthest_layer_ahead}"
         if self.class_margin_run:

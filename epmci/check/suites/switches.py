@@ -64,6 +64,7 @@ class SwitchRun:
     prefetch: bool = True          # False: --no-prefetch
     expect: str = "prefetch"       # simulated | like-default | prefetch (the counters' invariants)
     margin_in_every_class: bool = False   # its arena leaves every slot class the margin, not only the total
+    minimum_arena: bool = False           # its arena is the minimum, no margin
 
 
 RUNS = [
@@ -87,6 +88,10 @@ RUNS = [
     # every distance the model predicts at runs somewhere: planned only where no run above
     # reaches the farthest (CheckPlan.farthest_run)
     SwitchRun("farthest layer-ahead", {"SDQ_PREFETCH_LAYER_AHEAD": FARTHEST}),
+    # where no lookup can consume a prefetch before the predicted layer's start (2 layers),
+    # only an eviction frees the queue: one slot class, no margin (CheckPlan.queue_by_eviction)
+    SwitchRun("small queue freed by evictions", {"SDQ_PREFETCH_LAYER_AHEAD": FAR, "SDQ_PREFETCH_QUEUE": QUEUE,
+                                                 "SDQ_FORCE_UNIFORM_SLOT": "1"}, minimum_arena=True),
     # where the runs above leave the small slot class at its need (CheckPlan.class_margin_run)
     SwitchRun("a margin in every slot class", {}, margin_in_every_class=True),
 ]
@@ -152,7 +157,8 @@ class SwitchesSuite:
                 out.append(lacks(NAME, r.name, missing, ctx.caps))
                 continue
             if (FARTHEST in r.env.values() and not ctx.plan.farthest_run or
-                    r.margin_in_every_class and not ctx.plan.class_margin_run) and r.name not in wanted:
+                    r.margin_in_every_class and not ctx.plan.class_margin_run or
+                    r.minimum_arena and not ctx.plan.queue_by_eviction) and r.name not in wanted:
                 continue       # the other runs reach that branch already
             if FAR in r.env.values() and ctx.plan.far_layer_ahead == 0:
                 out.append(CheckResult(NAME, r.name, SKIP, f"a {ctx.facts.n_layer}-layer model has no layer ahead "
@@ -169,11 +175,8 @@ class SwitchesSuite:
     def env(ctx: CheckContext, r: SwitchRun) -> dict[str, str]:
         """The run's switches with the plan's values (the arena and profile stay placeholders)."""
         p = ctx.plan
-        env = {k: v.replace(HOT_PIN, str(ctx.cfg.switches.hot_pin)).replace(FARTHEST, str(p.farthest_layer_ahead))
+        return {k: v.replace(HOT_PIN, str(ctx.cfg.switches.hot_pin)).replace(FARTHEST, str(p.farthest_layer_ahead))
                .replace(FAR, str(p.far_layer_ahead)).replace(QUEUE, str(p.small_queue)) for k, v in r.env.items()}
-        if FAR in r.env.values() and p.queue_by_eviction:
-            env["SDQ_FORCE_UNIFORM_SLOT"] = "1"
-        return env
 
     @staticmethod
     def batch(ctx: CheckContext, r: SwitchRun) -> int:
@@ -341,11 +344,11 @@ class SwitchesSuite:
         """The minimum arena of the run's batch and layout, margin_experts slots' bytes above
         it per class (and room for the pins of a hot-pin run, which never leave their slots);
         a margin_in_every_class run's: the smallest that leaves each class that many slots; a
-        queue run that only evictions can free (CheckPlan.queue_by_eviction): the minimum."""
+        minimum_arena run's: the minimum."""
         sw = ctx.cfg.switches
-        uniform = self.env(ctx, r).get("SDQ_FORCE_UNIFORM_SLOT") == "1"
+        uniform = r.env.get("SDQ_FORCE_UNIFORM_SLOT") == "1"
         extra = sw.hot_pin if HOT_PIN in r.env.values() else 0
-        margin = 0 if FAR in r.env.values() and ctx.plan.queue_by_eviction else sw.margin_experts
+        margin = 0 if r.minimum_arena else sw.margin_experts
         arena = ctx.facts.margin_arena_bytes if r.margin_in_every_class else ctx.facts.min_arena_bytes
         return arena_mib(arena(batch, uniform, margin + extra))
 
