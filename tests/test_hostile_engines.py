@@ -5,6 +5,7 @@ one-line reason naming the limit or the defect -- never a pass, never a tracebac
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -268,14 +269,29 @@ def _can_make_a_memory_cgroup() -> bool:
     return os.access(MEMORY_V1, os.W_OK) and (MEMORY_V1 / "memory.limit_in_bytes").exists()
 
 
+@contextlib.contextmanager
+def memory_cgroup(name: str, limit_bytes: int):
+    """A cgroup-v1 memory cgroup of this worker with the limit; removed afterwards (its
+    processes gone, rmdir succeeds within a few seconds)."""
+    cg = MEMORY_V1 / f"epmci-{name}-test-{os.getpid()}"
+    cg.mkdir()
+    try:
+        (cg / "memory.limit_in_bytes").write_text(str(limit_bytes))
+        yield cg
+    finally:
+        for _ in range(50):
+            try:
+                cg.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
 @pytest.mark.skipif(not _can_make_a_memory_cgroup(), reason="needs a writable cgroup-v1 memory hierarchy (root)")
 def test_a_real_oom_kill_inside_a_capped_cgroup_is_named(tmp_path):
     """epmci and its engine in a 256 MiB cgroup, the engine allocating 1 GiB: the kernel's
     OOM killer ends it, and the run says so with the cap."""
-    cg = MEMORY_V1 / f"epmci-oom-test-{os.getpid()}"
-    cg.mkdir()
-    try:
-        (cg / "memory.limit_in_bytes").write_text(str(256 << 20))
+    with memory_cgroup("oom", 256 << 20) as cg:
         probe = textwrap.dedent("""
             import json, sys
             from epmci.contract.process import EngineCommand, run_engine
@@ -287,13 +303,6 @@ def test_a_real_oom_kill_inside_a_capped_cgroup_is_named(tmp_path):
                            preexec_fn=lambda: (cg / "cgroup.procs").write_text(str(os.getpid())))
         assert r.returncode == 0, r.stderr
         assert json.loads(r.stdout.splitlines()[-1]) == "engine killed: out of memory (cap 256 MiB)"
-    finally:
-        for _ in range(50):
-            try:
-                cg.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)
 
 
 @pytest.mark.skipif(not _can_make_a_memory_cgroup(), reason="needs a writable cgroup-v1 memory hierarchy (root)")
@@ -303,10 +312,7 @@ def test_inside_a_real_cap_the_gate_runs_no_more_engines_than_fit(tmp_path, tiny
     RUNTIME_MIB from the model's facts). It never runs more at once than fit, no engine is
     OOM-killed, and the check passes."""
     from epmci.contract.memory import RUNTIME_MIB
-    cg = MEMORY_V1 / f"epmci-pool-test-{os.getpid()}"
-    cg.mkdir()
-    try:
-        (cg / "memory.limit_in_bytes").write_text(str(3072 << 20))
+    with memory_cgroup("pool", 3072 << 20) as cg:
         out = tmp_path / "report.json"
         r = subprocess.run([sys.executable, "-m", "epmci", "check", "--model", str(tiny_model), "-q",
                             "--suites", "switches", "--jobs", "4", "--json", str(out), "--no-build",
@@ -319,13 +325,6 @@ def test_inside_a_real_cap_the_gate_runs_no_more_engines_than_fit(tmp_path, tiny
         assert "oom_kill 0" in oom, oom
         fit = max(1, int(meta["memory_mb"] // RUNTIME_MIB))
         assert meta["memory_mb"] < 3072 and fit < 4 and 1 <= meta["most_runs_at_once"] <= fit, meta
-    finally:
-        for _ in range(50):
-            try:
-                cg.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)
 
 
 def test_a_started_engine_that_fills_its_output_directory_is_killed(tmp_path):

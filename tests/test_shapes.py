@@ -234,6 +234,27 @@ def test_a_late_issue_fault_is_caught_on_a_2_layer_model(tmp_path):
 
 
 @pytest.mark.usefixtures("built_engine")
+def test_the_margin_run_is_a_skip_where_the_memory_cannot_hold_its_arena(tmp_path):
+    """A memory (run.memory_mb) that holds shape 11's ordinary switch arenas but not the
+    margin run's: that run is a SKIP naming both sizes, never a run the memory cannot hold."""
+    from epmci.contract.memory import fixed_need_mib
+    from epmci.contract.runspec import RunSpec
+    from epmci.gguf.file import ModelFile
+    from epmci.units import MiB
+    cfg, model = CheckConfig(), shape_model(11)
+    f = ModelFacts.of(ModelFile(model), cfg.run.slot_align, cfg.run.slot_windows)
+    b, m = cfg.switches.batch, cfg.switches.margin_experts
+    between = (f.min_arena_bytes(b, False, m) + f.margin_arena_bytes(b, False, m)) / 2 / MiB
+    memory = fixed_need_mib(RunSpec("", batch=b, ctx=cfg.engine.ctx), f) + between / 0.95
+    rc, rep = run_check(tmp_path, model, None, "--suites", "switches", "--no-build", "--set", f"run.memory_mb={memory:.1f}",
+                        "--set", "switches.runs=[default, 'a margin in every slot class']")
+    st = statuses(rep, "switches")
+    assert rc == 0 and st == {"default": "pass", "a margin in every slot class": "skip"}, st
+    skip = results(rep, "switches")[1]
+    assert "more than the" in skip["message"] and skip["properties"]["skipped_by"] == "memory", skip
+
+
+@pytest.mark.usefixtures("built_engine")
 def test_under_reported_evictions_are_caught_on_a_2_layer_model(tmp_path):
     """An engine that reports no evictions: prefetch-stress holds them to the fewest any
     policy needs on the run's own routing (Belady), with no golden to compare with."""

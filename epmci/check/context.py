@@ -43,12 +43,19 @@ def auto_arena_mb(cfg: CheckConfig, facts: ModelFacts, batch: int, memory_mib: f
     `memory_mib` and of run.ram_budget_mb --, the minimum for `batch` + run.margin_experts)."""
     lo = facts.min_arena_bytes(batch, uniform=False, margin_slots=cfg.run.margin_experts)
     want = int(cfg.run.arena_fraction * facts.total_expert_bytes())
-    typical = RunSpec("", batch=batch, ctx=cfg.engine.ctx)
-    for limit in (memory_mib, cfg.run.ram_budget_mb):
-        room = arena_room_mib(limit, typical, facts)
-        if room is not None:
-            want = min(want, int(room * MiB))
+    room = arena_room(cfg, facts, batch, memory_mib)
+    if room is not None:
+        want = min(want, int(room * MiB))
     return arena_mib(max(lo, want))
+
+
+def arena_room(cfg: CheckConfig, facts: ModelFacts, batch: int, memory_mib: float | None) -> float | None:
+    """The largest arena (MiB) a run at `batch` can have within the check's memory and
+    run.ram_budget_mb (None: no limit)."""
+    typical = RunSpec("", batch=batch, ctx=cfg.engine.ctx)
+    rooms = [r for r in (arena_room_mib(limit, typical, facts) for limit in (memory_mib, cfg.run.ram_budget_mb))
+             if r is not None]
+    return min(rooms) if rooms else None
 
 
 @dataclass

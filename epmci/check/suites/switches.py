@@ -39,7 +39,7 @@ from ...errors import InputError
 from ...units import arena_mib
 from ..cache_check import CacheSetup, counter_problems, prefetch_env
 from ..capabilities import lacks
-from ..context import CheckContext
+from ..context import CheckContext, arena_room
 from ..moe_check import check_dump
 from ..plan import CONTRACT_LAYER_AHEAD
 from ..result import FAIL, PASS, SKIP, CheckResult
@@ -160,6 +160,11 @@ class SwitchesSuite:
                     r.margin_in_every_class and not ctx.plan.class_margin_run or
                     r.minimum_arena and not ctx.plan.queue_by_eviction) and r.name not in wanted:
                 continue       # the other runs reach that branch already
+            if r.margin_in_every_class:
+                too_big = self.margin_beyond_memory(ctx, r)
+                if too_big:
+                    out.append(CheckResult(NAME, r.name, SKIP, too_big, {"skipped_by": "memory"}))
+                    continue
             if FAR in r.env.values() and ctx.plan.far_layer_ahead == 0:
                 out.append(CheckResult(NAME, r.name, SKIP, f"a {ctx.facts.n_layer}-layer model has no layer ahead "
                                        f"to predict", {"skipped_by": "model"}))
@@ -168,6 +173,17 @@ class SwitchesSuite:
             out += [CheckResult(NAME, f"{r.name}: {branch}", SKIP, why, {"skipped_by": "model"})
                     for branch, why in self.unreachable(ctx, r).items()]
         return out
+
+    def margin_beyond_memory(self, ctx: CheckContext, r: SwitchRun) -> str | None:
+        """Why the margin run cannot run here: its arena is more than the memory leaves a run
+        (a model with few large-slot layers needs many times the minimum arena for it)."""
+        batch = self.batch(ctx, r)
+        arena, room = self._arena_of(ctx, r, batch), arena_room(ctx.cfg, ctx.facts, batch, ctx.memory.capacity)
+        if room is None or arena <= room:
+            return None
+        return (f"the smallest arena leaving every slot class {ctx.cfg.switches.margin_experts} slots above its "
+                f"need at -b {batch} is {arena:.1f} MiB, more than the {room:.1f} MiB this check's memory leaves "
+                f"a run: the slot plan's proportional branch cannot be run here")
 
     # -------------------------------------------------------------- the plan's settings
 
