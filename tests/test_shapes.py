@@ -168,7 +168,9 @@ def test_the_correct_engine_passes_every_shape(tmp_path, seed):
         assert skipped == {"switches / default: prefetch": "a 1-layer model has no layer 1 ahead to predict",
                            "switches / far layer-ahead, small queue": "a 1-layer model has no layer ahead to predict",
                            "switches / layer-ahead 0, stale 0: SDQ_PREFETCH_STALE_TOKENS":
-                               stale_reason(facts(n_layer=1, slot_bytes=[1]), 0)}, skipped
+                               stale_reason(facts(n_layer=1, slot_bytes=[1]), 0),
+                           "switches / an arena where the eviction order decides":
+                               "all 16 experts are one micro-batch's need: nothing is ever evicted"}, skipped
     if seed == 15:
         assert "no prediction can be wrong" in skipped["switches / layer-ahead 0, stale 0: SDQ_PREFETCH_STALE_TOKENS"]
         assert "needs 3 layers" in skipped["switches / far layer-ahead, small queue: SDQ_PREFETCH_QUEUE"]
@@ -218,6 +220,22 @@ def test_a_slot_plan_fault_past_the_small_class_need_is_caught_on_shape_11(tmp_p
     msg = results(rep, "switches")[1]["message"]
     m = re.search(r"the contract gives (\d+) small \+ (\d+) large slots, the engine reports (\d+) small \+ (\d+)", msg)
     assert m and int(m[1]) == int(m[3]) + 1 and m[2] == m[4], msg
+
+
+@pytest.mark.usefixtures("built_engine")
+def test_an_lru_order_fault_is_caught_where_every_token_uses_every_expert(tmp_path):
+    """Shape 19 (3 layers, all 8 experts used, two slot sizes): in the default run's arena
+    which of a layer's experts survive changes no count, so a cache that never refreshes a
+    hit passes there; the run in the arena chosen on that run's routing counts differently."""
+    fault = "LRU order not updated on a hit"
+    run = "an arena where the eviction order decides"
+    rc, rep = run_check(tmp_path, shape_model(19), broken_engine(tmp_path, FAULT_SET[fault].patch), "--suites",
+                        "switches", "--set", f"switches.runs=[default, '{run}']")
+    st = statuses(rep, "switches")
+    assert rc == 1 and st == {"default": "pass", run: "fail"}, st
+    order = next(r for r in results(rep, "switches") if r["name"] == run)
+    assert "not what the contract's cache policy gives" in order["message"]
+    assert "a hit does not make its entry recent" in order["properties"]["order_arena"]["alternatives_told"]
 
 
 @pytest.mark.usefixtures("built_engine")

@@ -117,6 +117,9 @@ def test_the_bundled_engine_passes_every_switch(tmp_path, tiny_model):
     assert events["admit=2, -b 1"]["transient_reads"] > 0 and events["default"]["transient_reads"] == 0
     assert events["far layer-ahead, small queue"]["prefetch_late"] > 0 and events["default"]["prefetch_late"] == 0
     assert events["serial reads, one reader, fadvise"]["serial_reads"] > 0
+    order = next(r for r in results(rep, "switches") if r["name"] == "an arena where the eviction order decides")
+    assert order["properties"]["order_arena"]["alternatives_told"], order["properties"]
+    assert order["properties"]["decode"]["n_slots"] == order["properties"]["order_arena"]["slots"]
 
 
 # fault (tests/faults.py) -> (the runs that take the faulty branch, what one of their failures

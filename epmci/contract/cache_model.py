@@ -113,7 +113,7 @@ class CacheModel:
             if free[k]:
                 free[k] -= 1
                 return True
-            victim = next((v for v in lru[k] if eligible(v)), None)
+            victim = self.victim(lru[k], eligible)
             if victim is None:
                 return False
             del lru[k][victim]
@@ -132,7 +132,7 @@ class CacheModel:
                     protect.add(key)
                     cached = lru[self.class_of_layer[key[0]]]
                     if key in cached:
-                        cached.move_to_end(key)               # predicted: away from the eviction end
+                        self.refresh(cached, key)             # predicted: away from the eviction end
                     elif key not in pinned and key not in waiting:
                         waiting[key] = clock
             while waiting and len(outstanding) < pf.queue:
@@ -176,7 +176,7 @@ class CacheModel:
                     if outstanding.pop(key, None) is not None:
                         c.prefetch_used += 1
                     if key in lru[k]:
-                        lru[k].move_to_end(key)
+                        self.refresh(lru[k], key)
                     in_use.add(key)
             for key in keys:
                 if key in in_use:
@@ -197,6 +197,17 @@ class CacheModel:
                     del outstanding[key]
                     c.prefetch_stale += 1
         return out
+
+    # The two places the policy's order lives: alternatives (check/order_arena.py) override them.
+    @staticmethod
+    def refresh(lru: OrderedDict, key: Key) -> None:
+        """A used entry becomes the most recent."""
+        lru.move_to_end(key)
+
+    @staticmethod
+    def victim(lru: OrderedDict, eligible) -> Key | None:
+        """The least recently used eligible entry."""
+        return next((v for v in lru if eligible(v)), None)
 
 
 def fewest_loads(lookups: list[Lookup], class_of_layer: list[int], n_slots: list[int]) -> list[int]:

@@ -36,13 +36,15 @@ from ...compare.logits import compare_logits
 from ...contract.outputs import BRANCH_EVENTS, ContractError, counters_of, prompt_tokens, read_logits, read_profile
 from ...contract.runspec import LOGITS_FILE, STATS_FILE
 from ...errors import InputError
-from ...units import arena_mib
+from ...units import MiB, arena_mib
 from ..cache_check import CacheSetup, counter_problems, prefetch_env
 from ..capabilities import lacks
 from ..context import CheckContext, arena_room
 from ..moe_check import check_dump
+from ..order_arena import OrderArena, order_arena
 from ..plan import CONTRACT_LAYER_AHEAD
 from ..result import FAIL, PASS, SKIP, CheckResult
+from ..routing import dumped_lookups
 from .base import Task, run_failed
 from .layer import check_layers
 
@@ -65,6 +67,7 @@ class SwitchRun:
     expect: str = "prefetch"       # simulated | like-default | prefetch (the counters' invariants)
     margin_in_every_class: bool = False   # its arena leaves every slot class the margin, not only the total
     minimum_arena: bool = False           # its arena is the minimum, no margin
+    order_decides: bool = False           # its arena: where the eviction order decides (check/order_arena.py)
 
 
 RUNS = [
@@ -94,6 +97,10 @@ RUNS = [
                                                  "SDQ_FORCE_UNIFORM_SLOT": "1"}, minimum_arena=True),
     # where the runs above leave the small slot class at its need (CheckPlan.class_margin_run)
     SwitchRun("a margin in every slot class", {}, margin_in_every_class=True),
+    # the arenas above can all be ones where the LRU order changes no count: this one is
+    # chosen on the default run's routing so it does (no prefetch: nothing else evicts)
+    SwitchRun("an arena where the eviction order decides", {"SDQ_FORCE_UNIFORM_SLOT": "1"}, prefetch=False,
+              expect="simulated", order_decides=True),
 ]
 COUNTER_FIELDS = ("hits", "misses", "evictions", "ssd_bytes")
 
@@ -165,6 +172,10 @@ class SwitchesSuite:
                 if too_big:
                     out.append(CheckResult(NAME, r.name, SKIP, too_big, {"skipped_by": "memory"}))
                     continue
+            if r.order_decides and ctx.facts.n_expert * ctx.facts.n_layer <= self.batch_need(ctx, r):
+                out.append(CheckResult(NAME, r.name, SKIP, f"all {ctx.facts.n_expert * ctx.facts.n_layer} experts "
+                                       f"are one micro-batch's need: nothing is ever evicted", {"skipped_by": "model"}))
+                continue
             if FAR in r.env.values() and ctx.plan.far_layer_ahead == 0:
                 out.append(CheckResult(NAME, r.name, SKIP, f"a {ctx.facts.n_layer}-layer model has no layer ahead "
                                        f"to predict", {"skipped_by": "model"}))
@@ -184,6 +195,34 @@ class SwitchesSuite:
         return (f"the smallest arena leaving every slot class {ctx.cfg.switches.margin_experts} slots above its "
                 f"need at -b {batch} is {arena:.1f} MiB, more than the {room:.1f} MiB this check's memory leaves "
                 f"a run: the slot plan's proportional branch cannot be run here")
+
+    def batch_need(self, ctx: CheckContext, r: SwitchRun) -> int:
+        """The slots one micro-batch of the run's takes in one layer."""
+        return min(ctx.facts.n_expert, self.batch(ctx, r) * ctx.facts.n_expert_used)
+
+    def order_arena(self, ctx: CheckContext, r: SwitchRun) -> OrderArena | CheckResult:
+        """The order run's arena, chosen on the default run's routing (the same -b, so the same
+        lookups); a FAIL when that run failed, a SKIP when the memory or the routing leaves none."""
+        def choose():
+            run, ddir, _ = self._default(ctx)
+            if not run.ok:
+                return CheckResult(NAME, r.name, FAIL, f"the default run whose routing chooses this run's arena "
+                                                       f"failed: {run.failure()}")
+            batch, slot = self.batch(ctx, r), max(ctx.facts.slot_bytes)
+            room = arena_room(ctx.cfg, ctx.facts, batch, ctx.memory.capacity)
+            most = None if room is None else int(room * MiB) // slot
+            if most is not None and most <= self.batch_need(ctx, r):
+                return CheckResult(NAME, r.name, SKIP, f"the {room:.1f} MiB this check's memory leaves a run hold "
+                                   f"{most} uniform slots, no more than a micro-batch's need", {"skipped_by": "memory"})
+            try:
+                lookups, _ = dumped_lookups(ctx.facts, ddir / "moe", prompt_tokens(ctx.stats(ddir / STATS_FILE)))
+            except ContractError as e:
+                return CheckResult(NAME, r.name, FAIL, f"the default run's output, whose routing chooses this run's "
+                                                       f"arena, is unusable: {e}")
+            got = order_arena(ctx.facts, lookups, batch, most)
+            return got if got.slots is not None else CheckResult(NAME, r.name, SKIP, got.reason(),
+                                                                 {"skipped_by": "model"})
+        return ctx.shared("switches-order-arena", choose)
 
     # -------------------------------------------------------------- the plan's settings
 
@@ -249,6 +288,9 @@ class SwitchesSuite:
     # -------------------------------------------------------------- one run
 
     def check(self, ctx: CheckContext, r: SwitchRun, layers: list[int]) -> CheckResult:
+        order = self.order_arena(ctx, r) if r.order_decides else None
+        if isinstance(order, CheckResult):
+            return order
         run, out, arena = self._default(ctx) if r.name == "default" else self._run(ctx, r)
         if not run.ok:
             return run_failed(NAME, [r.name], run)[0]
@@ -256,6 +298,9 @@ class SwitchesSuite:
         skipped = self.unreachable(ctx, r)
         props: dict = {"env": self.env(ctx, r), "batch": self.batch(ctx, r), "unreachable": skipped,
                        "prefetch": r.prefetch, "arena_mb": round(arena, 6), "expect": r.expect}
+        if order:
+            props["order_arena"] = {"slots": order.slots, "alternatives_told": list(order.told),
+                                    "slots_tried": list(order.tried)}
 
         def result(status: str, msg: str) -> CheckResult:
             return CheckResult(NAME, r.name, status, msg, props, run.seconds + time.perf_counter() - t0,
@@ -342,6 +387,11 @@ class SwitchesSuite:
                 problems.append(f"{s['phase']}: SDQ_DIRECT_IO=0 reads exactly the experts' bytes through the page "
                                 f"cache, but io_bytes {s.get('io_bytes')} vs ssd_bytes {s.get('ssd_bytes')}, "
                                 f"io_direct_pct {s.get('io_direct_pct')}")
+        if r.order_decides:
+            want, got = self.order_arena(ctx, r).slots, int(stats[0].get("n_slots_large", 0))
+            if got != want:
+                problems.append(f"an arena of {want} uniform slots was asked for (the one where the eviction order "
+                                f"decides), but the run had {got}")
         if ARENA in r.env.values():
             asked = self._arena_of(ctx, r, setup.batch)
             if float(stats[0].get("arena_mb", 0)) > asked + 1e-3:
@@ -360,8 +410,10 @@ class SwitchesSuite:
         """The minimum arena of the run's batch and layout, margin_experts slots' bytes above
         it per class (and room for the pins of a hot-pin run, which never leave their slots);
         a margin_in_every_class run's: the smallest that leaves each class that many slots; a
-        minimum_arena run's: the minimum."""
+        minimum_arena run's: the minimum; an order_decides run's: its chosen slots."""
         sw = ctx.cfg.switches
+        if r.order_decides:
+            return arena_mib(self.order_arena(ctx, r).slots * max(ctx.facts.slot_bytes))
         uniform = r.env.get("SDQ_FORCE_UNIFORM_SLOT") == "1"
         extra = sw.hot_pin if HOT_PIN in r.env.values() else 0
         margin = 0 if r.minimum_arena else sw.margin_experts
