@@ -50,7 +50,7 @@ from epmci.synth.shapes import shape  # noqa: E402
 from epmci.synth.store import shape_model  # noqa: E402
 from epmci.units import arena_mib  # noqa: E402
 from faults import FAULT_SET, broken_engine  # noqa: E402
-from shapes import append, describe, recorded, seeds, shape_text, sweep_arguments  # noqa: E402
+from shapes import append, describe, recorded, recorded_at, seeds, shape_text, sweep_arguments  # noqa: E402
 
 CHECK_TIMEOUT_S = 10 * 60
 RUN_TIMEOUT_S = 120
@@ -222,9 +222,7 @@ def render(records: list[dict]) -> str:
            f"{len(faults)} faults x {len(shapes)} shapes = {len(records)} cells: caught {verdicts['caught']} of "
            f"{exposable} that could expose their fault, missed {verdicts['MISSED']}, errors {verdicts['ERROR']}, "
            f"cannot be exposed {verdicts['cannot']}.", "",
-           "Recorded at " + ", ".join(f"{c[:7]} ({n} cells)" for c, n in Counter(r.get("commit") or "unknown"
-                                                                               for r in records).items())
-           + " (a later commit's cells were run after a fix; see git log).", "",
+           recorded_at(records, "cells") + " (a later commit's cells were run after a fix; see git log).", "",
            "| fault | kind | " + " | ".join(str(s) for s in shapes) + " |",
            "|---|---|" + "---|" * len(shapes)]
     for f in faults:

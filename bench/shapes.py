@@ -29,6 +29,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from epmci.fsutil import atomic_write  # noqa: E402
+from epmci.perf.machine import current_commit  # noqa: E402
 from epmci.synth.shapes import shape  # noqa: E402
 from epmci.synth.store import shape_model  # noqa: E402
 
@@ -71,7 +72,13 @@ def check_shape(seed: int) -> dict:
     return {"seed": seed, "shape": describe(p), "verdict": verdict, "returncode": rc,
             "counts": dict(counts), "skips": dict(skips), "failures": bad or ([why[0]] if rc not in (0, 1) else []),
             "adjusted": data.get("meta", {}).get("plan", {}).get("adjusted", []), "seconds": round(seconds, 1),
-            "load": os.getloadavg()[0], "date": time.strftime("%Y-%m-%d %H:%M")}
+            "load": os.getloadavg()[0], "commit": current_commit(), "date": time.strftime("%Y-%m-%d %H:%M")}
+
+
+def recorded_at(records: list[dict], what: str) -> str:
+    """Which commits the records were measured at, with how many of `what` each."""
+    return "Recorded at " + ", ".join(f"{c[:7]} ({n} {what})" for c, n in
+                                      Counter(r.get("commit") or "unknown" for r in records).items())
 
 
 def shape_text(s: dict) -> str:
@@ -93,6 +100,7 @@ def render(records: list[dict]) -> str:
            "`python bench/shapes.py` (the bundled engine, `epmci check --fast`, no golden baseline for any shape; "
            "shapes from `epmci/synth/shapes.py`). A correct engine must pass every one.", "",
            f"{len(records)} shapes: " + ", ".join(f"{n} {v}" for v, n in sorted(verdicts.items())), "",
+           recorded_at(records, "shapes") + ".", "",
            "| seed | shape | verdict | passed | skipped | skips the shape made (beyond those every shape has) | s |",
            "|---|---|---|---|---|---|---|"]
     common = set.intersection(*({reason(m) for m in r["skips"]} for r in records)) if records else set()
