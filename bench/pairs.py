@@ -4,7 +4,7 @@
     python bench/pairs.py record --conditions unchanged,slow3,slow5,io5 [--busy] [--pairs 40]
                                  [--model M] [--set KEY=VALUE ...]
                                  [--max-minutes 25] [--out docs/perf-data/pairs] [--resume]
-    python bench/pairs.py analyse [--out docs/perf-data/pairs] [--decisions 4000] [--set KEY=VALUE ...]
+    python bench/pairs.py analyse [--out docs/perf-data/pairs] [--decisions 4000] [--set KEY=VALUE ...] [--steps N]
                                   [--shift 0.99,0.97 [--shift-from unchanged,slow5]]
 
 record: process pairs of `epmci check --perf-base` (epmci.perf.paced.run_pair, the perf
@@ -88,11 +88,20 @@ def read_recording(path: Path) -> list[dict]:
     return out
 
 
-def pair_value(rec: dict, kind: str = "wall") -> float:
-    """The pair's value for the decision: Hodges-Lehmann of log(base time / head time) per step."""
+def pair_value(rec: dict, kind: str = "wall", steps: int | None = None) -> float:
+    """The pair's value for the decision: Hodges-Lehmann of log(base time / head time) per step
+    (of its first `steps` measured steps: a recording of longer pairs stands in for shorter)."""
     w = rec["warmup"]
-    b, h = np.asarray(rec[f"base_{kind}"][w:]), np.asarray(rec[f"head_{kind}"][w:])
+    b, h = np.asarray(rec[f"base_{kind}"][w:][:steps]), np.asarray(rec[f"head_{kind}"][w:][:steps])
     return hodges_lehmann(np.log(b / h))
+
+
+def pair_seconds(rec: dict, steps: int | None = None) -> float:
+    """The pair's wall time had it measured only `steps` steps: its recorded seconds less the
+    wall of the steps beyond (both sides step one after the other)."""
+    w = rec["warmup"]
+    cut = sum(rec["base_wall"][w:][steps:]) + sum(rec["head_wall"][w:][steps:]) if steps is not None else 0.0
+    return rec["seconds"] - cut
 
 
 def settings(sets: list[str]):
@@ -173,25 +182,28 @@ def analyse(a) -> int:
     gate = dict(pairs=pc.base_pairs, step_pairs=pc.base_more_pairs, max_pairs=pc.base_max_pairs,
                 alpha=pc.base_alpha, floor=pc.base_floor, min_effect=pc.base_min_effect)
     rows = ["| recording | pairs | median head/base | per-pair noise (sd) | drift rho (p) | DIFFERENT slower "
-            "[95 % CI] | SAME | UNKNOWN | pairs/decision (median, mean) | load (median) | p99 verdict fails [95 % CI] |",
-            "|---|---:|---:|---:|---|---|---:|---:|---|---:|---|"]
+            "[95 % CI] | SAME | UNKNOWN | pairs/decision (median, mean) | s a pair | pairs' minutes a decision (mean) | "
+            "load (median) | p99 verdict fails [95 % CI] |",
+            "|---|---:|---:|---:|---|---|---:|---:|---|---:|---:|---:|---|"]
     rng = np.random.default_rng(a.seed)
     for path in sorted(Path(a.out).glob("*.jsonl")):
         recs = read_recording(path)
         if len(recs) < 2:
             continue
-        values = [pair_value(r) for r in recs]
+        values = [pair_value(r, steps=a.steps) for r in recs]
+        pair_s = statistics.fmean(pair_seconds(r, a.steps) for r in recs)
         d = replay(path.stem, values, n=a.decisions, rng=rng, **gate)
         share, lo, hi = d.rate(d.slower)
         rho, p = drift(values)
-        steps = [(r["base_wall"][r["warmup"]:], r["head_wall"][r["warmup"]:]) for r in recs]
+        steps = [(r["base_wall"][r["warmup"]:][:a.steps], r["head_wall"][r["warmup"]:][:a.steps]) for r in recs]
         fails = replay_p99(steps, n=a.decisions, rng=rng, pairs=pc.base_pairs, limit=pc.p99_max_ratio,
                            alpha=pc.base_alpha)
         f_lo, f_hi = wilson(fails, a.decisions)
         rows.append(f"| {path.stem} | {len(values)} | x{math.exp(statistics.median(values)):.4f} | "
                     f"{100 * statistics.stdev(values):.2f} % | {rho:+.2f} ({p:.2g}) | {100 * share:.2f} % "
                     f"[{100 * lo:.2f}, {100 * hi:.2f}] | {100 * d.same / d.n:.1f} % | {100 * d.unknown / d.n:.1f} % | "
-                    f"{statistics.median(d.pairs_used):.0f}, {statistics.fmean(d.pairs_used):.1f} | "
+                    f"{statistics.median(d.pairs_used):.0f}, {statistics.fmean(d.pairs_used):.1f} | {pair_s:.0f} | "
+                    f"{statistics.fmean(d.pairs_used) * pair_s / 60:.1f} | "
                     f"{statistics.median(r['load_start'] for r in recs):.2f} | {100 * fails / a.decisions:.2f} % "
                     f"[{100 * f_lo:.2f}, {100 * f_hi:.2f}] |")
     print("\n".join(rows))
@@ -199,7 +211,7 @@ def analyse(a) -> int:
         rows = ["| recording, re-centred to | DIFFERENT slower [95 % CI] | SAME | UNKNOWN | pairs/decision (median, mean) |",
                 "|---|---|---:|---:|---|"]
         for name in a.shift_from.split(","):
-            values = [pair_value(r) for r in read_recording(Path(a.out) / f"{name}.jsonl")]
+            values = [pair_value(r, steps=a.steps) for r in read_recording(Path(a.out) / f"{name}.jsonl")]
             centre = statistics.median(values)
             for ratio in (float(x) for x in a.shift.split(",")):
                 shifted = [v - centre + math.log(ratio) for v in values]
@@ -242,6 +254,8 @@ def main() -> int:
     n = sub.add_parser("analyse")
     n.add_argument("--decisions", type=int, default=4000)
     n.add_argument("--seed", type=int, default=0)
+    n.add_argument("--steps", type=int, metavar="N", help="each pair's value from its first N measured steps only "
+                   "(what shorter pairs would have given; default: all it recorded)")
     n.add_argument("--out", default=str(REPO / "docs" / "perf-data" / "pairs"))
     n.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="the gate's settings to replay (perf.min_effect=0.03, ...), as `epmci check --set`")
