@@ -357,16 +357,11 @@ def test_both_engines_of_a_pair_share_their_cpus(monkeypatch):
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
 def test_a_pinned_engine_and_all_its_threads_run_on_the_given_cpus(tiny_model, tmp_path):
-    """Pinned after its prefill (which ran on every CPU), every thread it has then and every
-    one it starts later run on the pair's CPUs only, and it still steps."""
     cpu = max(os.sched_getaffinity(0))
-    eng = PacedEngine(BUNDLED, tiny_model, SPEC, tmp_path / "out", timeout=120, label="t")
+    eng = PacedEngine(BUNDLED, tiny_model, SPEC, tmp_path / "out", timeout=120, label="t", cpus=frozenset({cpu}))
     try:
         eng.wait_ready()                     # its reader threads exist by now
         pid = eng.proc.proc.pid
-        assert os.sched_getaffinity(pid) == os.sched_getaffinity(0)     # prefilled unpinned
-        eng.pin(frozenset({cpu}))
-        assert eng.step() is not None
         tids = os.listdir(f"/proc/{pid}/task")
         assert len(tids) > 1 and all(os.sched_getaffinity(int(t)) == {cpu} for t in tids)
     finally:

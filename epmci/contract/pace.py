@@ -59,14 +59,15 @@ def _positive(rec: dict, key: str) -> float | None:
 
 class PacedEngine:
     def __init__(self, engine: EngineCommand, model: str | os.PathLike, spec: RunSpec, out: Path, *,
-                 timeout: float, label: str, env: dict | None = None, cwd: str | os.PathLike | None = None):
+                 timeout: float, label: str, env: dict | None = None, cwd: str | os.PathLike | None = None,
+                 cpus: frozenset[int] | None = None):
         self.label, self.timeout = label, timeout
         out.mkdir(parents=True, exist_ok=True)
         engine_r, self._to_engine = os.pipe()
         self._from_engine, engine_w = os.pipe()
         try:
             self.proc = start(engine, model, spec, out, pace_fds=(engine_r, engine_w), timeout=timeout,
-                              label=label, env=env, cwd=cwd or out)
+                              label=label, env=env, cwd=cwd or out, cpus=cpus)
         finally:
             os.close(engine_r)
             os.close(engine_w)
@@ -89,10 +90,6 @@ class PacedEngine:
             self._end(rec)
         else:
             self._garbage(rec, "a `ready` line")
-
-    def pin(self, cpus: frozenset[int]) -> None:
-        """Run the engine (and all it started) only on `cpus` from now on."""
-        self.proc.pin(cpus)
 
     def step(self) -> StepReport | None:
         """Let the engine run one decode step; its report, or None when it had no step left."""

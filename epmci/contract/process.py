@@ -420,20 +420,6 @@ class StartedEngine:
         self.t0, self.oom_before = time.perf_counter(), oom_kills()
         self.killed = False                   # by epmci (kill), not by the kernel
 
-    def pin(self, cpus: frozenset[int]) -> None:
-        """From now on the engine, every thread of it and every process of its run run only on
-        `cpus` (what they start later inherits it). One that ended meanwhile is skipped."""
-        for pid in {self.proc.pid, *_run_pids(self.proc)}:
-            try:
-                tids = os.listdir(f"/proc/{pid}/task")
-            except OSError:
-                continue
-            for tid in tids:
-                try:
-                    os.sched_setaffinity(int(tid), cpus)
-                except (ProcessLookupError, PermissionError):
-                    pass
-
     def watch(self) -> None:
         """Kill the engine once its output files hold more than max_output_mb (polled every
         50 ms: its output goes to files, so a flood would fill the disk, not epmci's memory)."""
@@ -498,15 +484,17 @@ class StartedEngine:
 
 def start_engine(cmd: EngineCommand, args: list[str], out: Path, *, timeout: float, label: str = "",
                  env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None,
-                 pass_fds: tuple[int, ...] = ()) -> StartedEngine:
-    """Start `cmd args` as run_engine would, without waiting; `pass_fds` are inherited."""
+                 pass_fds: tuple[int, ...] = (), cpus: frozenset[int] | None = None) -> StartedEngine:
+    """Start `cmd args` as run_engine would, without waiting; `pass_fds` are inherited, and
+    `cpus` (when given) are the only CPUs the engine and every thread it starts may run on."""
     argv, extra, full_env = _launch(cmd, args, env)
     started = StartedEngine(label, argv, extra, Path(out), timeout, cmd.max_output_mb, cmd.max_disk_mb)
+    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None   # in the child, before exec
     try:
         with open(started.stdout_path, "wb") as so, open(started.stderr_path, "wb") as se:
             started.proc = _started(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=so, stderr=se,
                                                      env=full_env, cwd=cwd, start_new_session=True,
-                                                     pass_fds=pass_fds), full_env)
+                                                     pass_fds=pass_fds, preexec_fn=pin), full_env)
     except OSError as e:
         started.launch_error = f"{type(e).__name__}: {e}"
     else:

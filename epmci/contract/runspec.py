@@ -99,11 +99,11 @@ def run(engine: EngineCommand, model: str | os.PathLike, spec: RunSpec, out: Pat
 
 
 def start(engine: EngineCommand, model: str | os.PathLike, spec: RunSpec, out: Path, *, pace_fds: tuple[int, int],
-          timeout: float, label: str = "", env: dict | None = None, cwd: str | os.PathLike | None = None
-          ) -> StartedEngine:
+          timeout: float, label: str = "", env: dict | None = None, cwd: str | os.PathLike | None = None,
+          cpus: frozenset[int] | None = None) -> StartedEngine:
     """Start `spec` paced over `pace_fds` (inherited by the engine), without waiting."""
     return start_engine(engine, spec.args(model, out, engine.has("pager"), pace_fds), out, timeout=timeout, label=label,
-                        env=_env(spec, env), cwd=cwd, pass_fds=pace_fds)
+                        env=_env(spec, env), cwd=cwd, pass_fds=pace_fds, cpus=cpus)
 
 
 def _env(spec: RunSpec, env: dict | None) -> dict:

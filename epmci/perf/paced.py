@@ -18,8 +18,7 @@ routing, same reads) are compared.
    comparison is then of both engines at that same reduced operating point, and the report
    says so. Only when even the minimum arena does not fit: fall back to ABBA.
 2. Process pairs: fresh processes started in a random order, the model's page cache dropped
-   first, PYTHONHASHSEED fixed; both prefill (on every CPU), are pinned to the pair's CPUs,
-   then `warmup` + `steps` step pairs. A pair's
+   first, PYTHONHASHSEED fixed; both prefill, then `warmup` + `steps` step pairs. A pair's
    sample is the Hodges-Lehmann estimate of its per-step log tok/s ratios head/base after the
    warm-up steps (wall time; CPU time alike, reported beside it).
 3. Decision (epmci.compare.stats.compare_paced) on the pairs' samples after `pairs` pairs and,
@@ -132,10 +131,11 @@ def paced_spec(spec: RunSpec, warmup: int, steps: int) -> RunSpec:
     return replace(spec, n_predict=warmup + steps + 1)
 
 
-def _engine(side: Side, model, spec: RunSpec, out: Path, timeout: float, label: str) -> PacedEngine:
+def _engine(side: Side, model, spec: RunSpec, out: Path, timeout: float, label: str,
+            cpus: frozenset[int] | None = None) -> PacedEngine:
     try:
         return PacedEngine(side.engine, model, spec, out, timeout=timeout, label=label, env=side.run_env(),
-                           cwd=side.cwd or out)
+                           cwd=side.cwd or out, cpus=cpus)
     except PaceError as e:
         raise PairFailed(side.label, label, e.reason, e.run) from None
 
@@ -212,15 +212,10 @@ def run_pair(head: Side, base: Side, model, spec: RunSpec, workdir: Path, *, war
         with CpuContention() as busy:
             for k in (first, other[first]):
                 current = k
-                engines[k] = _engine(sides[k], model, spec, outs[k], timeout, f"{k} {label}")
+                engines[k] = _engine(sides[k], model, spec, outs[k], timeout, f"{k} {label}", cpus)
             for k in (first, other[first]):
                 current = k
                 engines[k].wait_ready()
-            # pinned once both have prefilled: start-up and prefill use every CPU (two
-            # prod35-full start-ups: 17.6 s on one CPU, 8.7 s on two), the steps share the pair's
-            if cpus:
-                for eng in engines.values():
-                    eng.pin(cpus)
             for pair_first in step_orders(rng):
                 if engines["base"].ended and engines["head"].ended:
                     break
