@@ -99,3 +99,19 @@ def test_p99_verdicts_replayed_on_pairs_false_alarm_within_alpha_and_catch_a_hea
     heavier = replay_p99(step_times(40, 0.05, 2), n=n, rng=rng, pairs=6, limit=PC.p99_max_ratio,
                          alpha=PC.base_alpha)
     assert heavier / n >= 0.95, heavier
+
+
+def test_shorter_pairs_are_replayed_from_the_first_steps_of_longer_recordings():
+    """bench/pairs.py analyse --steps N: a pair's value from its first N measured steps only
+    (after its warm-up), and its seconds less the wall of the steps it no longer has."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    from pairs import pair_seconds, pair_value
+    # warm-up 1 step; measured: the head 10 % faster on the first 2 steps, then 10 % slower
+    rec = {"warmup": 1, "seconds": 20.0, "base_wall": [9.0, 1.0, 1.0, 1.0, 1.0],
+           "head_wall": [9.0, 1 / 1.1, 1 / 1.1, 1.1, 1.1]}
+    assert pair_value(rec, steps=2) == pytest.approx(math.log(1.1))
+    assert pair_value(rec, steps=None) == pytest.approx(0.0, abs=0.06)      # all 4: the HL of 2 up, 2 down
+    assert pair_seconds(rec, steps=2) == pytest.approx(20.0 - 2.0 - 2.2)    # steps 3-4 of both sides cut
+    assert pair_seconds(rec) == 20.0

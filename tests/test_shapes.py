@@ -239,6 +239,26 @@ def test_an_lru_order_fault_is_caught_where_every_token_uses_every_expert(tmp_pa
 
 
 @pytest.mark.usefixtures("built_engine")
+def test_the_order_run_fails_closed_when_the_routing_it_is_chosen_on_is_unusable(tmp_path):
+    """An engine that dumps no routing unless its slots are uniform: the default run fails on
+    its missing dump, and the order run, whose arena that routing chooses, fails naming it --
+    no arena guessed, no run made, no pass."""
+    patch = """
+        import os
+        import engine.dumps as D
+        good = D.MoEDumpWriter.write
+        D.MoEDumpWriter.write = lambda self, t: good(self, t) if os.environ.get("SDQ_FORCE_UNIFORM_SLOT") == "1" else None
+    """
+    run = "an arena where the eviction order decides"
+    rc, rep = run_check(tmp_path, shape_model(19), broken_engine(tmp_path, patch), "--suites", "switches",
+                        "--set", f"switches.runs=[default, '{run}']")
+    st = statuses(rep, "switches")
+    assert rc == 1 and st == {"default": "fail", run: "fail"}, st
+    order = next(r for r in results(rep, "switches") if r["name"] == run)
+    assert "the default run's output, whose routing chooses this run's arena, is unusable" in order["message"]
+
+
+@pytest.mark.usefixtures("built_engine")
 def test_a_late_issue_fault_is_caught_on_a_2_layer_model(tmp_path):
     """The late-issued prefetch reading its neighbour, on 2 layers: an eviction in the queue
     run's uniform minimum arena lets a waiting prediction out late, and its bytes are wrong."""
