@@ -9,7 +9,8 @@ unsharded run's. The speed-up a fleet gives is then a measured figure, not a cla
     python bench/shards.py table docs/perf-data/shards/ci.jsonl
 
 Each run is `epmci check --fast` (plus the arguments after `--`), one line appended to the
-JSONL as it ends, so a session can stop between runs and `--resume` goes on from there. The
+JSONL as it ends, so a session can stop between runs and `--resume` goes on from there
+(`--max-minutes` starts no run after that many minutes: no job here may run 30). The
 unsharded run comes first; its report balances the shards (`--durations`), as a workflow
 would use an earlier report. With --cap-mb every run (epmci and its engines) is inside a
 cgroup-v1 memory limit counting the page cache, the page cache dropped first (root).
@@ -87,10 +88,16 @@ def record(a) -> int:
     cap = MemoryCap(a.cap_mb << 20, "shards") if a.cap_mb else None
     base = ["check", "--fast", "-q", "--model", a.model, *a.check_args]
     out.parent.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + 60 * a.max_minutes
+
+    class Stop(Exception):
+        pass
 
     def step(name: str, argv: list[str]) -> dict:
         if name in done:
             return done[name]
+        if time.monotonic() > deadline:
+            raise Stop(name)
         print(f"[shards] {name}: epmci {' '.join(argv)}  (load {os.getloadavg()[0]:.2f})", flush=True)
         rec = {**run_one(name, argv, work, cap, a.timeout), "model": a.model, "cap_mb": a.cap_mb}
         with out.open("a", encoding="utf-8") as f:
@@ -110,6 +117,8 @@ def record(a) -> int:
                 print(f"[shards] {n} shards: a shard wrote no report; no merge", flush=True)
                 continue
             step(f"{n} shards: merge", ["merge", *(s["report"] for s in shards)])
+    except Stop as next_run:
+        print(f"[shards] --max-minutes {a.max_minutes} reached before {next_run}: --resume continues", flush=True)
     finally:
         if cap:
             cap.close()
@@ -155,6 +164,7 @@ def main() -> int:
     r.add_argument("--out", required=True, help="JSONL the runs are appended to")
     r.add_argument("--work", help="where the reports go")
     r.add_argument("--resume", action="store_true", help="skip the runs already in --out")
+    r.add_argument("--max-minutes", type=float, default=float("inf"), help="start no run after this many minutes")
     r.add_argument("--cap-mb", type=int, help="a cgroup-v1 memory limit around every run (root)")
     r.add_argument("--timeout", type=float, default=1700.0, help="seconds a run may take (a session's job: < 30 min)")
     r.add_argument("check_args", nargs="*", help="after --: more arguments for every epmci check")
