@@ -13,7 +13,10 @@ JSONL as it ends, so a session can stop between runs and `--resume` goes on from
 (`--max-minutes` starts no run after that many minutes: no job here may run 30). The
 unsharded run comes first; its report balances the shards (`--durations`), as a workflow
 would use an earlier report. With --cap-mb every run (epmci and its engines) is inside a
-cgroup-v1 memory limit counting the page cache, the page cache dropped first (root).
+cgroup-v1 memory limit counting the page cache, the page cache dropped first (root). With
+--cold-reference every run starts without the reference's memoized forwards (what a fresh
+runner has): otherwise the runs after the first find the forwards it computed, and a shard
+holding the model suite takes a fraction of what it takes on a runner of its own.
 Reports go to --work (default ~/.cache/epmci/bench-shards/<model>).
 """
 
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -31,6 +35,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
+from epmci.check.reference_runs import memo_dir  # noqa: E402
 from epmci.perf.machine import CpuContention  # noqa: E402
 from headline import MemoryCap  # noqa: E402
 from pairs import die, read_recording  # noqa: E402
@@ -45,11 +50,14 @@ def drop_page_cache() -> None:
     Path("/proc/sys/vm/drop_caches").write_text("3\n")
 
 
-def run_one(name: str, argv: list[str], work: Path, cap: MemoryCap | None, timeout: float) -> dict:
+def run_one(name: str, argv: list[str], work: Path, cap: MemoryCap | None, timeout: float,
+            cold_reference: bool) -> dict:
     """One `epmci check` (or merge) run, timed; its JSON report read back."""
     report = work / (name.replace(" shards: ", "-shards-").replace("/", "-of-") + ".json")
     report.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "epmci", *argv, "--json", str(report)]
+    if cold_reference:
+        shutil.rmtree(memo_dir(), ignore_errors=True)
     if cap:
         drop_page_cache()
         cap.reset()
@@ -62,7 +70,7 @@ def run_one(name: str, argv: list[str], work: Path, cap: MemoryCap | None, timeo
             rc = None
     rec = {"run": name, "argv": argv, "rc": rc, "seconds": round(time.perf_counter() - t0, 1),
            "load_before": round(load0, 2), "load_after": round(os.getloadavg()[0], 2),
-           "other_cpu_pct": others.other_pct}
+           "other_cpu_pct": others.other_pct, "reference_cache": "cold" if cold_reference else "as found"}
     if cap:
         rec.update(cap.stats())
     if report.exists():
@@ -99,7 +107,7 @@ def record(a) -> int:
         if time.monotonic() > deadline:
             raise Stop(name)
         print(f"[shards] {name}: epmci {' '.join(argv)}  (load {os.getloadavg()[0]:.2f})", flush=True)
-        rec = {**run_one(name, argv, work, cap, a.timeout), "model": a.model, "cap_mb": a.cap_mb}
+        rec = {**run_one(name, argv, work, cap, a.timeout, a.cold_reference and argv[0] == "check"), "model": a.model, "cap_mb": a.cap_mb}
         with out.open("a", encoding="utf-8") as f:
             f.write(json.dumps(rec) + "\n")
         done[name] = rec
@@ -147,6 +155,7 @@ def table(a) -> int:
         print(f"| {n} | {merged.get('verdict')} ({_counts(merged)}) | {'yes' if same else 'NO'} | "
               f"{', '.join(f'{x:.0f}' for x in secs)} | {max(secs):.0f} | {sum(secs):.0f} | "
               f"{whole['seconds'] / max(secs):.2f}x | {others} |")
+    print(f"\nThe reference's memoized forwards before each check: {whole.get('reference_cache', 'as found')}.")
     return 0
 
 
@@ -164,6 +173,8 @@ def main() -> int:
     r.add_argument("--out", required=True, help="JSONL the runs are appended to")
     r.add_argument("--work", help="where the reports go")
     r.add_argument("--resume", action="store_true", help="skip the runs already in --out")
+    r.add_argument("--cold-reference", action="store_true",
+                   help="remove the reference's memoized forwards before every check (a fresh runner)")
     r.add_argument("--max-minutes", type=float, default=float("inf"), help="start no run after this many minutes")
     r.add_argument("--cap-mb", type=int, help="a cgroup-v1 memory limit around every run (root)")
     r.add_argument("--timeout", type=float, default=1700.0, help="seconds a run may take (a session's job: < 30 min)")

@@ -1,6 +1,7 @@
 """Files epmci writes appear whole or not at all: a temp file in the same directory, fsynced,
 then renamed over the target. A JSON document epmci reads is one object or one line's
-error naming the file."""
+error naming the file. A cache directory shared by concurrent checks keeps its newest
+files, whoever else prunes it at the same time."""
 
 from __future__ import annotations
 
@@ -44,3 +45,17 @@ def atomic_write(path: str | os.PathLike, data: bytes | str) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return p
+
+
+def keep_newest(directory: Path, pattern: str, keep: int) -> None:
+    """Remove the files matching `pattern` in `directory` beyond the newest `keep`. Other
+    processes prune the same cache at once (parallel checks, pytest workers): a file gone
+    between listing it and reading its time is simply no longer there."""
+    aged = []
+    for p in directory.glob(pattern):
+        try:
+            aged.append((p.stat().st_mtime, p))
+        except FileNotFoundError:
+            continue
+    for _, old in sorted(aged, reverse=True)[keep:]:
+        old.unlink(missing_ok=True)

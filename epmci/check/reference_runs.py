@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import hashlib
 import io
+import zipfile
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 
-from ..fsutil import atomic_write
+from ..fsutil import atomic_write, keep_newest
 from ..gguf.file import ModelFile
 from ..reference import reference_model
 from ..synth.store import cache_dir
@@ -39,6 +40,11 @@ class WholeModel:
         return self.conv[p, lay], self.ssm[p, lay]
 
 
+def memo_dir() -> Path:
+    """Where the memoized forwards are kept (under the model cache)."""
+    return cache_dir() / "reference"
+
+
 @lru_cache(maxsize=1)
 def reference_code_sha256() -> str:
     h = hashlib.sha256()
@@ -54,13 +60,13 @@ def whole_model(mf: ModelFile, model_sha256: str, tokens: np.ndarray, state_afte
     positions = np.array(sorted({int(p) for p in state_after}), dtype=np.int64)
     key = hashlib.sha256(f"{model_sha256}:{reference_code_sha256()}:".encode() + tokens.tobytes()
                          + positions.tobytes()).hexdigest()
-    path = cache_dir() / "reference" / f"{key[:32]}.npz"
+    path = memo_dir() / f"{key[:32]}.npz"
     if path.exists():
         try:
             with np.load(path) as z:
                 states = {k: z[k] for k in ("state_positions", "state_layers", "conv", "ssm") if k in z}
                 return WholeModel(z["logits"], z["moe_in"], **states)
-        except (OSError, ValueError, KeyError):
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
             pass                                   # unreadable: recompute and replace it
     # only the qwen35moe forward has states to keep (and takes state_after)
     f = reference_model(mf).forward(tokens, **({"state_after": positions} if len(positions) else {}))
@@ -75,6 +81,5 @@ def whole_model(mf: ModelFile, model_sha256: str, tokens: np.ndarray, state_afte
     buf = io.BytesIO()
     np.savez(buf, **arrays)
     atomic_write(path, buf.getvalue())
-    for old in sorted(path.parent.glob("*.npz"), key=lambda p: p.stat().st_mtime)[:-KEEP]:
-        old.unlink(missing_ok=True)
+    keep_newest(path.parent, "*.npz", KEEP)
     return out
