@@ -45,6 +45,10 @@ def cases(report: dict) -> list[list[str]]:
     return [[s["name"], r["name"], r["status"]] for s in report["suites"] for r in s["results"]]
 
 
+class Stop(Exception):
+    """--max-minutes reached before the named run."""
+
+
 def drop_page_cache() -> None:
     subprocess.run(["sync"], check=False)
     Path("/proc/sys/vm/drop_caches").write_text("3\n")
@@ -84,6 +88,8 @@ def run_one(name: str, argv: list[str], work: Path, cap: MemoryCap | None, timeo
 def record(a) -> int:
     out, work = Path(a.out), Path(a.work or Path.home() / ".cache/epmci/bench-shards" / a.model)
     work.mkdir(parents=True, exist_ok=True)
+    if not a.max_minutes > 0:
+        die(f"--max-minutes must be > 0, got {a.max_minutes}")
     done = {r["run"]: r for r in read_recording(out)} if a.resume else {}
     if out.exists() and not a.resume:
         die(f"{out} exists: --resume to go on with it, or another --out")
@@ -98,16 +104,14 @@ def record(a) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + 60 * a.max_minutes
 
-    class Stop(Exception):
-        pass
-
     def step(name: str, argv: list[str]) -> dict:
         if name in done:
             return done[name]
         if time.monotonic() > deadline:
             raise Stop(name)
         print(f"[shards] {name}: epmci {' '.join(argv)}  (load {os.getloadavg()[0]:.2f})", flush=True)
-        rec = {**run_one(name, argv, work, cap, a.timeout, a.cold_reference and argv[0] == "check"), "model": a.model, "cap_mb": a.cap_mb}
+        cold = a.cold_reference and argv[0] == "check"         # a merge computes no forward
+        rec = {**run_one(name, argv, work, cap, a.timeout, cold), "model": a.model, "cap_mb": a.cap_mb}
         with out.open("a", encoding="utf-8") as f:
             f.write(json.dumps(rec) + "\n")
         done[name] = rec
