@@ -74,9 +74,14 @@ def need_moving_up(marker, stats_lie: bool) -> str:
         if "--contract-info" not in sys.argv:         # the first run that runs the model
             open({str(marker)!r}, "a").close()
         good = B.breakdown
+        runtime = []                                  # every run counts the first run's RSS: it moves by 6 MiB only
         def breakdown(*a, **k):
             parts = good(*a, **k)
-            parts["runtime"] += 0 if first else 6 << 20
+            if not runtime:
+                if first:
+                    open({str(marker)!r}, "w").write(str(parts["runtime"]))
+                runtime.append(int(open({str(marker)!r}).read() or parts["runtime"]))
+            parts["runtime"] = runtime[0] + (0 if first else 6 << 20)
             return parts
         B.breakdown = breakdown
         if {stats_lie!r} and not first:
