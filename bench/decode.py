@@ -3,15 +3,17 @@
 and -t 2, and the paged engine in a memory cap of 1/3 of the file.
 
     python bench/decode.py [--model PATH | --preset bench] [--repeat 3] [--n-predict 32]
-                           [--prompt-repeat 4] [--no-paged] [--no-llama] [--out results/decode.json]
+                           [--prompt-tokens 128] [--batch N] [--no-paged] [--no-llama] [--out results/decode.json]
 
 Every setting is a fresh process; one round runs each setting once, `--repeat` rounds
 (after a warm-up round that is not counted), so a load change on the shared machine falls
 on all settings alike. Figures are medians; ratios are of medians measured in the same run.
 
 * engine -t N: `python -m engine --no-pager` (experts read from the mapped file, page cache
-  warm), prefill and decode tok/s from its stats file.
-* llama.cpp -t N: llama-cpp-python (mmap, same file, same prompt, greedy), when installed.
+  warm), prefill and decode tok/s from its stats file; `-b` is --batch (default: the whole
+  prompt in one micro-batch, as llama.cpp's n_batch of 512 takes it).
+* llama.cpp -t N: llama-cpp-python (mmap, same file, same prompt, greedy), when installed;
+  n_threads and n_threads_batch both N.
 * paged engine -t 2, cap 1/3: the engine with its pager inside a cgroup-v1 memory limit of
   a third of the file (the limit counts the page cache; the model's pages are dropped
   before each run), arena 55 % of the cap, --ram-budget-mb the cap (bench/headline.py's
@@ -23,8 +25,9 @@ on all settings alike. Figures are medians; ratios are of medians measured in th
 * --ref GIT_REF adds the resident rows run by the engine of that git ref (a temporary
   worktree, its default kernels): before/after a change, ratios from the same rounds.
 
-The prompt is bench/headline.py's, `--prompt-repeat` times (prefill needs more than a
-handful of tokens to measure), without the chat template.
+The prompt is bench/headline.py's words, repeated and cut to exactly `--prompt-tokens`
+tokens of the model's tokenizer (prefill needs more than a handful of tokens to measure),
+without the chat template; both engines report the count they prefilled.
 """
 
 from __future__ import annotations
@@ -68,9 +71,9 @@ def engine_run(model: str, prompt: str, threads: int, a, cap: MemoryCap | None =
                kernels: str = "auto", worktree: str | None = None) -> dict:
     """One engine run; `worktree`: the engine of that checkout (--ref), its default kernels."""
     with tempfile.TemporaryDirectory() as td:
-        # resident: the engine's default micro-batch (prefill is measured); paged: -b 8 (headline.py's)
+        # resident: --batch (prefill is measured); paged: -b 8 (headline.py's)
         spec = RunSpec(prompt, n_predict=a.n_predict, threads=threads, ctx=ENGINE_CTX, dump_logits=False,
-                       pager=cap is not None, batch=32 if cap is None else 8)
+                       pager=cap is not None, batch=a.batch if cap is None else 8)
         if cap is None:
             cmd = [*BUNDLED_ARGV, *spec.args(model, Path(td))] + (["--kernels", kernels] if worktree is None else [])
             env = {**os.environ, "PYTHONPATH": worktree} if worktree else None
@@ -118,6 +121,31 @@ def llama_run(model: str, prompt: str, threads: int, a) -> dict:
             "prompt_tokens": out["prompt_tokens"]}
 
 
+def prompt_of(model: str, n_tokens: int) -> str:
+    """PROMPT's words, cycled, to exactly n_tokens tokens of the model's tokenizer: words
+    while they fit, then single characters of the next word (a word can take several)."""
+    from engine.gguf_model import GGUFModel
+    tok = GGUFModel(model).tokenizer
+    count = lambda text: len(tok.encode(text, parse_special=True)) if text else 0
+    words, text, i = PROMPT.split(), "", 0
+    while count(text) < n_tokens:
+        word = (" " if text else "") + words[i % len(words)]
+        i += 1
+        if count(text + word) <= n_tokens:
+            text += word
+            continue
+        before = text
+        for ch in word:
+            if count(text + ch) > n_tokens:
+                break
+            text += ch
+        if text == before:
+            break
+    if count(text) != n_tokens:
+        die(f"{model}: cannot make a prompt of exactly {n_tokens} tokens from the bench prompt's words")
+    return text
+
+
 def median(runs: list[dict], key: str) -> float | None:
     ok = [r[key] for r in runs if key in r]
     return statistics.median(ok) if ok else None
@@ -129,7 +157,8 @@ def main() -> int:
     ap.add_argument("--preset", default="bench")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--n-predict", type=int, default=32)
-    ap.add_argument("--prompt-repeat", type=int, default=4)
+    ap.add_argument("--prompt-tokens", type=int, default=128, help="the prompt's length in tokens")
+    ap.add_argument("--batch", type=int, help="the resident engine's -b (default: --prompt-tokens, one micro-batch)")
     ap.add_argument("--threads", default="1,2", help="resident thread counts")
     ap.add_argument("--kernels", default="auto",
                     help="engine kernel paths to run side by side, e.g. portable,auto (before/after a kernel)")
@@ -139,8 +168,9 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--out", help="write every run and the medians as JSON here")
     a = ap.parse_args()
-    if a.repeat < 1 or a.n_predict < 2 or a.prompt_repeat < 1:
-        die("--repeat, --prompt-repeat must be >= 1 and --n-predict >= 2")
+    if a.repeat < 1 or a.n_predict < 2 or a.prompt_tokens < 1 or (a.batch is not None and a.batch < 1):
+        die("--repeat, --prompt-tokens, --batch must be >= 1 and --n-predict >= 2")
+    a.batch = a.batch or a.prompt_tokens
     try:
         threads = [int(t) for t in a.threads.split(",")]
     except ValueError:
@@ -150,7 +180,7 @@ def main() -> int:
         a.model = str(make_model(a.preset))
     if not os.path.isfile(a.model):
         die(f"{a.model}: no such file")
-    prompt = " ".join([PROMPT] * a.prompt_repeat)
+    prompt = prompt_of(a.model, a.prompt_tokens)
     have_llama = False
     if not a.no_llama:
         try:
@@ -201,7 +231,7 @@ def main() -> int:
            for name, rs in runs.items()}
     ntok = next((r["prompt_tokens"] for rs in runs.values() for r in rs if "prompt_tokens" in r), None)
     loads = [r["load_avg_1min"] for rs in runs.values() for r in rs]
-    print(f"model {a.model}; prompt {ntok} tokens, {a.n_predict} generated; median of {a.repeat} "
+    print(f"model {a.model}; prompt {ntok} tokens (engine -b {a.batch}), {a.n_predict} generated; median of {a.repeat} "
           f"interleaved rounds; load average {min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} CPUs")
     print("| setting | prefill tok/s | decode tok/s | runs ok |")
     print("|---|---:|---:|---:|")
@@ -254,7 +284,8 @@ def main() -> int:
     for k, v in ratios.items():
         print(f"{k}: {v:.3f}x")
     if a.out:
-        write_json(a.out, {"model": a.model, "prompt_tokens": ntok, "n_predict": a.n_predict, "repeat": a.repeat,
+        write_json(a.out, {"model": a.model, "prompt_tokens": ntok, "engine_batch": a.batch, "n_predict": a.n_predict,
+                           "repeat": a.repeat,
                            "runs": runs, "medians": med, "ratios": ratios})
     return 0
 

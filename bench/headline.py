@@ -67,7 +67,8 @@ LLAMA_SCRIPT = textwrap.dedent("""
             p.use_extra_bufts = False
             return p
         llama_cpp.llama_cpp.llama_model_default_params = no_repack
-    llm = llama_cpp.Llama(model_path=model, n_ctx=512, n_threads=threads, use_mmap=True,
+    # n_threads_batch: llama-cpp-python's default prefills on every CPU whatever n_threads says
+    llm = llama_cpp.Llama(model_path=model, n_ctx=512, n_threads=threads, n_threads_batch=threads, use_mmap=True,
                           flash_attn=False, verbose=False)
     toks = llm.tokenize(prompt.encode(), add_bos=False, special=True)
     t0 = time.perf_counter(); llm.eval(toks); t1 = time.perf_counter()
