@@ -22,6 +22,9 @@ Q6_K_BYTES = QTYPES[Q6_K].block_bytes
 LANES = 8
 U = np.uint64
 ROWS_PER_ITEM = 16
+# Activation rows are quantized (and laid out) on the kernels' threads from this many on (a
+# prefill's micro-batch); fewer (decode) serially: waking a thread costs more than a row.
+PARALLEL_ROWS = 4
 
 
 @intrinsic

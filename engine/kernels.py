@@ -59,7 +59,7 @@ import numpy as np
 from numba import njit, prange
 
 from .contract_info import KERNEL_CPU_FLAGS, KERNEL_PATHS, numba_compiles_for_host
-from .kernel_parts import (LANES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES, ROWS_PER_ITEM, U, check_f32,
+from .kernel_parts import (LANES, PARALLEL_ROWS, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES, ROWS_PER_ITEM, U, check_f32,
                            check_q8_0, f16, kquant_block_bytes, scale_min_k4, take_item, u8_pointer, work_counters)
 from .qtypes import F32, Q4_K, Q5_K, Q6_K, Q8_0, Q8_K, QK8_0, QK_K, qtype_info
 
@@ -119,46 +119,55 @@ def get_threads() -> int:
 
 # ------------------------------------------------------------- activation quantization
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
+def _quantize_row_q8_K(x, r, d, qs, bsums):
+    nb = x.shape[1] // QK_K
+    magic = np.float32(12582912.0)
+    m127 = np.float32(-127.0)
+    one = np.float32(1.0)
+    for i in range(nb):
+        base = i * QK_K
+        mx = np.float32(0.0)
+        amax = np.float32(0.0)
+        for j in range(QK_K):
+            v = np.float32(x[r, base + j])
+            ax = abs(v)
+            if ax > amax:
+                amax = ax
+                mx = v
+        if amax == 0:
+            continue  # d = 0, qs = 0, bsums = 0
+        iscale = m127 / mx
+        for j in range(QK_K):
+            # nearest_int(): (fval + 12582912.f) in float32, then the integer part
+            t = np.float32(iscale * np.float32(x[r, base + j])) + magic
+            v = np.int32(t) - np.int32(12582912)
+            if v > 127:
+                v = np.int32(127)
+            qs[r, base + j] = v
+        for g in range(QK_K // 16):
+            s = np.int32(0)
+            for l in range(16):
+                s += np.int32(qs[r, base + 16 * g + l])
+            bsums[r, i * 16 + g] = s
+        d[r, i] = one / iscale
+
+
+@njit(cache=True, parallel=True)
 def quantize_q8_K(x):
     """x float32[n, k] (k % 256 == 0) -> (d f32[n, k/256], qs i8[n, k], bsums i16[n, k/16])."""
     n, k = x.shape
     if k % QK_K != 0:
         raise ValueError("quantize_q8_K: k must be a multiple of 256")
-    nb = k // QK_K
-    d = np.zeros((n, nb), np.float32)
+    d = np.zeros((n, k // QK_K), np.float32)
     qs = np.zeros((n, k), np.int8)
     bsums = np.zeros((n, k // 16), np.int16)
-    magic = np.float32(12582912.0)
-    m127 = np.float32(-127.0)
-    one = np.float32(1.0)
-    for r in range(n):
-        for i in range(nb):
-            base = i * QK_K
-            mx = np.float32(0.0)
-            amax = np.float32(0.0)
-            for j in range(QK_K):
-                v = np.float32(x[r, base + j])
-                ax = abs(v)
-                if ax > amax:
-                    amax = ax
-                    mx = v
-            if amax == 0:
-                continue  # d = 0, qs = 0, bsums = 0
-            iscale = m127 / mx
-            for j in range(QK_K):
-                # nearest_int(): (fval + 12582912.f) in float32, then the integer part
-                t = np.float32(iscale * np.float32(x[r, base + j])) + magic
-                v = np.int32(t) - np.int32(12582912)
-                if v > 127:
-                    v = np.int32(127)
-                qs[r, base + j] = v
-            for g in range(QK_K // 16):
-                s = np.int32(0)
-                for l in range(16):
-                    s += np.int32(qs[r, base + 16 * g + l])
-                bsums[r, i * 16 + g] = s
-            d[r, i] = one / iscale
+    if n < PARALLEL_ROWS:
+        for r in range(n):
+            _quantize_row_q8_K(x, r, d, qs, bsums)
+    else:
+        for r in prange(n):
+            _quantize_row_q8_K(x, r, d, qs, bsums)
     return d, qs, bsums
 
 

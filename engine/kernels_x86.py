@@ -44,7 +44,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .kernel_parts import (LANES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES, ROWS_PER_ITEM, check_f32,
+from .kernel_parts import (LANES, PARALLEL_ROWS, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES, ROWS_PER_ITEM, check_f32,
                            check_q8_0, kquant_block_bytes, take_item, u8_pointer, work_counters)
 from .qtypes import Q4_K, Q5_K, Q6_K, QK_K
 
@@ -369,23 +369,33 @@ def _rows_dot(qtype, wr, nb, yl, d, extra, act_rows, at, count, out, r, wide):
 
 # ----------------------------------------------------------------- the kernel
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
+def _lane_major_row(qs, r, offsets, order, yl, yoff):
+    k = qs.shape[1]
+    for c in range(k // 32):
+        src = QK_K * (c // 8) + 32 * order[c % 8]
+        for j in range(32):
+            yl[r, 32 * c + j] = qs[r, src + 8 * (j % 4) + j // 4]
+    if offsets:
+        for w in range(k // 2):
+            yoff[r, w] = 32 * (np.int16(yl[r, 2 * w]) + np.int16(yl[r, 2 * w + 1]))
+
+
+@njit(cache=True, parallel=True)
 def lane_major_activations(qs, offsets, order):
     """Q8_K quants int8[n, k] -> (the same in lane-major order per 32 values, each
     super-block's chunks of 32 in `order` (CHUNK_ORDER), and with `offsets` (Q6_K) the int16
     pair offsets 32 * (y[2w] + y[2w + 1]) of that layout that its unsigned quants need;
-    int16[n, 0] otherwise, never read)."""
+    int16[n, 0] otherwise, never read). Rows in parallel from PARALLEL_ROWS on."""
     n, k = qs.shape
     yl = np.empty((n, k), np.int8)
     yoff = np.empty((n, k // 2 if offsets else 0), np.int16)
-    for r in range(n):
-        for c in range(k // 32):
-            src = QK_K * (c // 8) + 32 * order[c % 8]
-            for j in range(32):
-                yl[r, 32 * c + j] = qs[r, src + 8 * (j % 4) + j // 4]
-        if offsets:
-            for w in range(k // 2):
-                yoff[r, w] = 32 * (np.int16(yl[r, 2 * w]) + np.int16(yl[r, 2 * w + 1]))
+    if n < PARALLEL_ROWS:
+        for r in range(n):
+            _lane_major_row(qs, r, offsets, order, yl, yoff)
+    else:
+        for r in prange(n):
+            _lane_major_row(qs, r, offsets, order, yl, yoff)
     return yl, yoff
 
 

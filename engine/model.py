@@ -158,16 +158,14 @@ class Model:
         rank = np.empty(self.hp.n_expert, dtype=np.int64)
         rank[experts] = np.arange(len(experts))
         ranks = rank[selected.ravel()]
-        rows, slots = np.divmod(np.argsort(ranks, kind="stable"), selected.shape[1])
-        rows_of = np.split(rows, np.cumsum(np.bincount(ranks, minlength=len(experts)))[:-1])
-        y = np.zeros((*selected.shape, h.shape[1]), dtype=np.float32)
-        y[rows, slots] = experts_ffn([views[e] for e in experts], self.expert_types(il), Activation(h), rows_of)
+        order = np.argsort(ranks, kind="stable")
+        rows_of = np.split(order // selected.shape[1], np.cumsum(np.bincount(ranks, minlength=len(experts)))[:-1])
+        ey = experts_ffn([views[e] for e in experts], self.expert_types(il), Activation(h), rows_of)
         self.experts.release(il)
+        at = np.empty(selected.size, dtype=np.int64)   # (row, slot) -> its row of ey
+        at[order] = np.arange(selected.size)
         # weight each expert's output, then add them in selection order (as ggml does)
-        y *= weights[:, :, None]
-        out = y[:, 0].copy()
-        for j in range(1, y.shape[1]):
-            out += y[:, j]
+        out = ops.combine_experts(ey, at.reshape(selected.shape), weights)
         if self.on_moe is not None:
             self.on_moe(MoETrace(il, h, selected, weights, out))
         return out

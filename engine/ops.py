@@ -12,8 +12,39 @@ _U = np.uint64   # an index numba does not wrap around (see engine/kernels.py)
 
 
 def round_f16(x: np.ndarray) -> np.ndarray:
-    """float32 -> the nearest IEEE half (round to nearest even, as ggml stores F16), as float32."""
-    return np.asarray(x, dtype=np.float32).astype(np.float16).astype(np.float32)
+    """float32 -> the nearest IEEE half (round to nearest even, as ggml stores F16), as float32:
+    numpy's float16 casts' values (a NaN keeps its sign and the payload's top 10 bits), on
+    the kernel's threads (numpy's casts are serial and were ~5 % of a two-thread prefill)."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    return _round_f16(x.reshape(-1)).reshape(x.shape)
+
+
+_F16_CHUNK = 4096
+
+
+@njit(cache=True, parallel=True)
+def _round_f16(x):
+    bits = x.view(np.uint32)
+    out = np.empty_like(x)
+    ob = out.view(np.uint32)
+    n = x.shape[0]
+    for c in prange((n + _F16_CHUNK - 1) // _F16_CHUNK):
+        for i in range(c * _F16_CHUNK, min(n, (c + 1) * _F16_CHUNK)):
+            b = bits[i]
+            a = b & np.uint32(0x7FFFFFFF)
+            sign = b & np.uint32(0x80000000)
+            if a > np.uint32(0x7F800000):        # NaN: quiet, top 10 payload bits (nonzero)
+                m = a & np.uint32(0x007FE000)
+                ob[i] = sign | np.uint32(0x7F800000) | (m if m != 0 else np.uint32(0x2000))
+            elif a >= np.uint32(0x477FF000):     # >= 65520: rounds past the largest half, 65504
+                ob[i] = sign | np.uint32(0x7F800000)
+            elif a >= np.uint32(0x38800000):     # normal half: 10 fraction bits, ties to even
+                r = a + np.uint32(0xFFF) + ((a >> np.uint32(13)) & np.uint32(1))
+                ob[i] = sign | (r & np.uint32(0xFFFFE000))
+            else:                                # subnormal half: a multiple of 2^-24, ties to even
+                v = np.float32(np.rint(np.float32(x[i] * np.float32(16777216.0))))
+                out[i] = np.float32(v * np.float32(5.9604644775390625e-08))
+    return out
 
 
 @njit(cache=True)
@@ -90,7 +121,10 @@ def attention_probs(q16, k_t, pos0, scale):
     n_kv = pos0 + n
     p = np.zeros((n, H, n_kv), dtype=np.float32)
     for t in prange(n * H):
-        i, h = t // H, t % H
+        # rows zigzag (0, n-1, 1, n-2, ...): row i has pos0 + i + 1 keys, and prange hands each
+        # thread a contiguous range of t, which would give the last thread the longest rows
+        h, ii = t % H, t // H
+        i = ii // 2 if ii % 2 == 0 else n - 1 - ii // 2
         kv = h // group
         keys = pos0 + i + 1  # causal: keys 0..pos0+i
         s = np.zeros(keys, dtype=np.float64)
@@ -143,6 +177,26 @@ def softmax(x: np.ndarray) -> np.ndarray:
     e = np.exp(x - x.max(axis=-1, keepdims=True)).astype(np.float32)
     inv = (1.0 / e.sum(axis=-1, keepdims=True, dtype=np.float64)).astype(np.float32)
     return (e * inv).astype(np.float32)
+
+
+@njit(cache=True, parallel=True)
+def combine_experts(ey, at, weights):
+    """The MoE output out[r] = sum_j weights[r, j] * ey[at[r, j]] as ggml adds it: each
+    product rounded to float32, then added in selection order j = 0, 1, ... (ey: the experts'
+    output rows; at[r, j]: the row of ey holding row r's j-th selected expert)."""
+    n, k = at.shape
+    out = np.empty((n, ey.shape[1]), np.float32)
+    for r in prange(n):
+        w0 = weights[r, 0]
+        y0 = ey[at[r, 0]]
+        for d in range(ey.shape[1]):
+            out[r, d] = np.float32(y0[d] * w0)
+        for j in range(1, k):
+            w = weights[r, j]
+            y = ey[at[r, j]]
+            for d in range(ey.shape[1]):
+                out[r, d] = np.float32(out[r, d] + np.float32(y[d] * w))
+    return out
 
 
 def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
