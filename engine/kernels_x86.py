@@ -286,26 +286,35 @@ def _is_width(t):
 
 
 def _rows_dot_intrinsic(qtype):
-    """(wr, nb, y, yd, extra, act_rows, at, count, out, r, wide): one weight row of nb
-    super-blocks times the `count` activation rows act_rows[at:at + count], ggml's generic
-    dot product whole for each, written to out[at + s, r]. Each super-block is unpacked once,
-    into registers, for all of them, and each row's C state (sums[8], sumf) stays in
-    registers; count (1..ROWS_AT_ONCE) and wide (1: 512-bit vectors) are literals, so each
-    is its own code. y: lane-major quants in CHUNK_ORDER[qtype, wide]; yd: the activations'
-    d per super-block; extra: their bsums (Q4_K/Q5_K) or the pair offsets of y (Q6_K). The
-    float work in C order: per super-block d = f16(x.d) * y.d, sums[l] += d * (float)aux32[l],
-    then (Q4_K/Q5_K) sumf -= (f16(x.dmin) * y.d) * (float)sumi; at the end sumf += sums[l],
-    l = 0..7."""
+    """(wr, nb, y, yd, extra, act_rows, at, count, out, r, wide, ydt, minst, g): one weight row
+    of nb super-blocks times the `count` activation rows act_rows[at:at + count], ggml's
+    generic dot product whole for each, written to out[at + s, r]. Each super-block is
+    unpacked once, into registers, for all of them, and each row's C state (sums[8], sumf)
+    stays in registers; count (1..ROWS_AT_ONCE) and wide (1: 512-bit vectors) are literals,
+    so each is its own code. y: lane-major quants in CHUNK_ORDER[qtype, wide]; yd: the
+    activations' d per super-block; extra: their bsums (Q4_K/Q5_K) or the pair offsets of y
+    (Q6_K). The float work in C order: per super-block d = f16(x.d) * y.d, sums[l] += d *
+    (float)aux32[l], then (Q4_K/Q5_K) sumf -= (f16(x.dmin) * y.d) * (float)sumi; at the end
+    sumf += sums[l], l = 0..7.
+
+    With two rows or more, the work each row does once per super-block is done for all of
+    them at once, row s in vector lane s (the same operations per row, so the same bits):
+    d and dmin from group g's y.d (ydt[g]: 8 per super-block), and sumi as sum_g (bsums[2g]
+    + bsums[2g + 1]) * mins[g] by vpmaddwd over group g's pair sums (minst[g]: per
+    super-block 4 vectors, each sub-block pair 2t, 2t + 1 of the 8 rows) -- instead of a
+    horizontal sum per row."""
     bb = _BLOCK_BYTES[qtype]
 
-    def typer(typingctx, wr, nb, y, yd, extra, act_rows, at, count, out, r, wide):
+    def typer(typingctx, wr, nb, y, yd, extra, act_rows, at, count, out, r, wide, ydt, minst, g):
         if not (_is_bytes(wr) and isinstance(nb, types.Integer) and _is_array(y, types.int8, 2)
                 and _is_array(yd, types.float32, 2) and _is_array(extra, types.int16, 2)
                 and _is_array(act_rows, types.int64) and isinstance(at, types.Integer)
                 and isinstance(count, types.IntegerLiteral) and 1 <= count.literal_value <= ROWS_AT_ONCE
-                and _is_array(out, types.float32, 2) and isinstance(r, types.Integer) and _is_width(wide)):
+                and _is_array(out, types.float32, 2) and isinstance(r, types.Integer) and _is_width(wide)
+                and _is_array(ydt, types.float32, 2) and _is_array(minst, types.int16, 2)
+                and isinstance(g, types.Integer)):
             return None
-        return types.none(wr, nb, y, yd, extra, act_rows, at, count, out, r, wide), codegen
+        return types.none(wr, nb, y, yd, extra, act_rows, at, count, out, r, wide, ydt, minst, g), codegen
 
     def codegen(context, builder, sig, args):
         b = builder
@@ -320,8 +329,15 @@ def _rows_dot_intrinsic(qtype):
             ys.append(y), yds.append(yd), extras.append(extra)
             outs.append(b.gep(_row(context, b, sig.args[8], args[8], types.int64, b.add(at, i64(s))),
                               [b.mul(r, i64(4))]))
+        splat8 = lambda v: b.shuffle_vector(b.insert_element(ir.Constant(_V8F32, None), v, ir.Constant(_I32, 0)),
+                                            ir.Constant(_V8F32, None), _idx(*[0] * 8))
+        across = n_rows > 1   # the rows' per-block scalars as the lanes of one vector
+        if across:
+            g = context.cast(b, args[13], sig.args[13], types.int64)
+            ydt, minst = (_row(context, b, sig.args[k], args[k], types.int64, g) for k in (11, 12))
         sums = [cgutils.alloca_once_value(b, _splat(_V8F32, 0.0)) for _ in range(n_rows)]
         sumf = [cgutils.alloca_once_value(b, ir.Constant(_F32, 0.0)) for _ in range(n_rows)]
+        sumf_rows = cgutils.alloca_once_value(b, _splat(_V8F32, 0.0))   # across: row s's sumf in lane s
         with cgutils.for_range(b, nb) as loop:
             i = loop.index
             blk = b.gep(w, [b.mul(i, i64(bb))])
@@ -330,19 +346,33 @@ def _rows_dot_intrinsic(qtype):
             chunks = _quant_chunks(b, qtype, blk, wide)
             xd, xm = _block_scales(b, qtype, blk)
             yo = b.mul(i, i64(QK_K))
+            if across:
+                yd_rows = _load(b, ydt, b.mul(i, i64(4 * 8)), _V8F32)
+                d_rows = b.fmul(splat8(xd), yd_rows)
             for s in range(n_rows):
                 acc = _lane_sums(b, qtype, chunks, words, ys[s], yo, extras[s], yo, wide)
-                ydi = _load(b, yds[s], b.mul(i, i64(4)), _F32)
-                d = b.fmul(xd, ydi)
-                dv = b.shuffle_vector(b.insert_element(ir.Constant(_V8F32, None), d, ir.Constant(_I32, 0)),
-                                      ir.Constant(_V8F32, None), _idx(*[0] * 8))
+                if across:
+                    dv = b.shuffle_vector(d_rows, ir.Constant(_V8F32, None), _idx(*[s] * 8))
+                else:
+                    ydi = _load(b, yds[s], b.mul(i, i64(4)), _F32)
+                    dv = splat8(b.fmul(xd, ydi))
                 b.store(b.fadd(b.load(sums[s]), b.fmul(dv, b.sitofp(acc, _V8F32))), sums[s])
-                if mins is not None:
+                if mins is not None and not across:
                     bs = _load(b, extras[s], b.mul(i, i64(32)), _V16I16)
                     sumi = _hsum(b, _x86(b, "llvm.x86.avx2.pmadd.wd", _V8I32, bs, mins))
                     b.store(b.fsub(b.load(sumf[s]), b.fmul(b.fmul(xm, ydi), b.sitofp(sumi, _F32))), sumf[s])
+            if mins is not None and across:
+                # mins = (m0, m0, m1, m1, ...): the pair (m[2t], m[2t + 1]) is words 4t and 4t + 2
+                sumi = _splat(_V8I32, 0)
+                for t in range(4):
+                    pairs = _load(b, minst, b.add(b.mul(i, i64(2 * 64)), i64(32 * t)), _V16I16)
+                    mw = b.shuffle_vector(mins, ir.Constant(_V16I16, None), _idx(*[4 * t, 4 * t + 2] * 8))
+                    sumi = b.add(sumi, _x86(b, "llvm.x86.avx2.pmadd.wd", _V8I32, pairs, mw))
+                dmin = b.fmul(splat8(xm), yd_rows)
+                b.store(b.fsub(b.load(sumf_rows), b.fmul(dmin, b.sitofp(sumi, _V8F32))), sumf_rows)
         for s in range(n_rows):
-            acc, v = b.load(sumf[s]), b.load(sums[s])
+            acc = b.extract_element(b.load(sumf_rows), ir.Constant(_I32, s)) if across else b.load(sumf[s])
+            v = b.load(sums[s])
             for l in range(LANES):
                 acc = b.fadd(acc, b.extract_element(v, ir.Constant(_I32, l)))
             b.store(acc, b.bitcast(outs[s], _F32.as_pointer()))
@@ -358,13 +388,64 @@ _rows_dot_q4_K, _rows_dot_q5_K, _rows_dot_q6_K = (_rows_dot_intrinsic(q) for q i
 
 
 @njit(inline="always")
-def _rows_dot(qtype, wr, nb, yl, d, extra, act_rows, at, count, out, r, wide):
+def _rows_dot(qtype, wr, nb, yl, d, extra, act_rows, at, count, out, r, wide, rows):
+    ydt, minst, g = rows[0], rows[1], rows[2][at]
     if qtype == Q4_K:
-        _rows_dot_q4_K(wr, nb, yl, d, extra, act_rows, at, count, out, r, wide)
+        _rows_dot_q4_K(wr, nb, yl, d, extra, act_rows, at, count, out, r, wide, ydt, minst, g)
     elif qtype == Q5_K:
-        _rows_dot_q5_K(wr, nb, yl, d, extra, act_rows, at, count, out, r, wide)
+        _rows_dot_q5_K(wr, nb, yl, d, extra, act_rows, at, count, out, r, wide, ydt, minst, g)
     else:
-        _rows_dot_q6_K(wr, nb, yl, d, extra, act_rows, at, count, out, r, wide)
+        _rows_dot_q6_K(wr, nb, yl, d, extra, act_rows, at, count, out, r, wide, ydt, minst, g)
+
+
+@njit(cache=True, inline="always")
+def _row_groups(act_start):
+    """The groups of activation rows the kernel multiplies a weight row with at once: per
+    matrix, ROWS_AT_ONCE at a time, then 4, then the rest (as _matmul_kquant's loop takes
+    them): (first position in act_rows, count) per group."""
+    n = 0
+    for m in range(act_start.shape[0] - 1):
+        left = act_start[m + 1] - act_start[m]
+        n += left // ROWS_AT_ONCE + (left % ROWS_AT_ONCE >= 4) + (left % ROWS_AT_ONCE % 4 > 0)
+    first = np.empty(n, np.int64)
+    count = np.empty(n, np.int64)
+    k = 0
+    for m in range(act_start.shape[0] - 1):
+        at, a1 = act_start[m], act_start[m + 1]
+        while at < a1:
+            c = ROWS_AT_ONCE if a1 - at >= ROWS_AT_ONCE else 4 if a1 - at >= 4 else a1 - at
+            first[k] = at
+            count[k] = c
+            at += c
+            k += 1
+    return first, count
+
+
+@njit(cache=True, parallel=True)
+def rows_across(qtype, d, bsums, act_rows, act_start, nb):
+    """The per-super-block scalars of each group of rows (_row_groups) with two rows or
+    more, row s of a group in lane s: (ydt[group, 8i + s] = y.d of super-block i; minst[group,
+    64i + 16t + 2s + e] = bsums[4t + 2e] + bsums[4t + 2e + 1] of it (sub-block 2t + e's pair;
+    Q4_K/Q5_K); group[p] = the group starting at position p of act_rows)."""
+    first, count = _row_groups(act_start)
+    group = np.zeros(act_rows.shape[0], np.int64)
+    ydt = np.zeros((first.shape[0], 8 * nb), np.float32)
+    minst = np.zeros((first.shape[0], 64 * nb if qtype != Q6_K else 0), np.int16)
+    for k in prange(first.shape[0]):
+        at, cnt = first[k], count[k]
+        group[at] = k
+        if cnt < 2:
+            continue
+        for s in range(cnt):
+            j = act_rows[at + s]
+            for i in range(nb):
+                ydt[k, 8 * i + s] = d[j, i]
+                if qtype != Q6_K:
+                    for t in range(4):
+                        for e in range(2):
+                            minst[k, 64 * i + 16 * t + 2 * s + e] = (bsums[j, 16 * i + 4 * t + 2 * e]
+                                                                     + bsums[j, 16 * i + 4 * t + 2 * e + 1])
+    return ydt, minst, group
 
 
 # ----------------------------------------------------------------- the kernel
@@ -414,6 +495,7 @@ def _matmul_kquant(ptrs, n_rows, row_bytes, qtype, d, qs, bsums, act_rows, act_s
     yl, yoff = lane_major_activations(qs, qtype == Q6_K, order)
     out = np.empty((act_rows.shape[0], n_rows), np.float32)
     extra = yoff if qtype == Q6_K else bsums
+    rows = rows_across(qtype, d, bsums, act_rows, act_start, nb)
     per = (n_rows + ROWS_PER_ITEM - 1) // ROWS_PER_ITEM
     taken = work_counters(workers)
     for tid in prange(workers):
@@ -427,18 +509,18 @@ def _matmul_kquant(ptrs, n_rows, row_bytes, qtype, d, qs, bsums, act_rows, act_s
                 wr = w[r]
                 at = a0
                 while a1 - at >= ROWS_AT_ONCE:
-                    _rows_dot(qtype, wr, nb, yl, d, extra, act_rows, at, ROWS_AT_ONCE, out, r, wide)
+                    _rows_dot(qtype, wr, nb, yl, d, extra, act_rows, at, ROWS_AT_ONCE, out, r, wide, rows)
                     at += ROWS_AT_ONCE
                 if a1 - at >= 4:
-                    _rows_dot(qtype, wr, nb, yl, d, extra, act_rows, at, 4, out, r, wide)
+                    _rows_dot(qtype, wr, nb, yl, d, extra, act_rows, at, 4, out, r, wide, rows)
                     at += 4
                 left = a1 - at   # literal counts: each is its own code
                 if left == 3:
-                    _rows_dot(qtype, wr, nb, yl, d, extra, act_rows, at, 3, out, r, wide)
+                    _rows_dot(qtype, wr, nb, yl, d, extra, act_rows, at, 3, out, r, wide, rows)
                 elif left == 2:
-                    _rows_dot(qtype, wr, nb, yl, d, extra, act_rows, at, 2, out, r, wide)
+                    _rows_dot(qtype, wr, nb, yl, d, extra, act_rows, at, 2, out, r, wide, rows)
                 elif left == 1:
-                    _rows_dot(qtype, wr, nb, yl, d, extra, act_rows, at, 1, out, r, wide)
+                    _rows_dot(qtype, wr, nb, yl, d, extra, act_rows, at, 1, out, r, wide, rows)
     return out
 
 
