@@ -22,9 +22,10 @@ Q6_K_BYTES = QTYPES[Q6_K].block_bytes
 LANES = 8
 U = np.uint64
 ROWS_PER_ITEM = 16
-# Activation rows are quantized (and laid out) on the kernels' threads from this many on (a
-# prefill's micro-batch); fewer (decode) serially: waking a thread costs more than a row.
-PARALLEL_ROWS = 4
+# Row-wise work (activation quantization, lane-major layout, the MoE combine) runs on the
+# kernels' threads from this many rows on (a prefill's micro-batch); fewer (decode) in a
+# serial kernel: a parallel kernel costs ~8-10 us per call before any work, a row ~1-2 us.
+PARALLEL_ROWS = 16
 
 
 @intrinsic

@@ -153,22 +153,31 @@ def _quantize_row_q8_K(x, r, d, qs, bsums):
         d[r, i] = one / iscale
 
 
+def _q8_K_arrays(n, k):
+    return np.zeros((n, k // QK_K), np.float32), np.zeros((n, k), np.int8), np.zeros((n, k // 16), np.int16)
+
+
+@njit(cache=True)
+def _quantize_q8_K_serial(x, d, qs, bsums):
+    for r in range(x.shape[0]):
+        _quantize_row_q8_K(x, r, d, qs, bsums)
+
+
 @njit(cache=True, parallel=True)
+def _quantize_q8_K_parallel(x, d, qs, bsums):
+    for r in prange(x.shape[0]):
+        _quantize_row_q8_K(x, r, d, qs, bsums)
+
+
 def quantize_q8_K(x):
-    """x float32[n, k] (k % 256 == 0) -> (d f32[n, k/256], qs i8[n, k], bsums i16[n, k/16])."""
-    n, k = x.shape
-    if k % QK_K != 0:
-        raise ValueError("quantize_q8_K: k must be a multiple of 256")
-    d = np.zeros((n, k // QK_K), np.float32)
-    qs = np.zeros((n, k), np.int8)
-    bsums = np.zeros((n, k // 16), np.int16)
-    if n < PARALLEL_ROWS:
-        for r in range(n):
-            _quantize_row_q8_K(x, r, d, qs, bsums)
-    else:
-        for r in prange(n):
-            _quantize_row_q8_K(x, r, d, qs, bsums)
-    return d, qs, bsums
+    """x float32[n, k] (k % 256 == 0) -> (d f32[n, k/256], qs i8[n, k], bsums i16[n, k/16]);
+    rows on the kernels' threads from PARALLEL_ROWS on."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.ndim != 2 or x.shape[1] % QK_K != 0:
+        raise ValueError("quantize_q8_K: x must be (n, k) with k a multiple of 256")
+    out = _q8_K_arrays(*x.shape)
+    (_quantize_q8_K_parallel if x.shape[0] >= PARALLEL_ROWS else _quantize_q8_K_serial)(x, *out)
+    return out
 
 
 @njit(cache=True)

@@ -8,43 +8,57 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from .kernel_parts import PARALLEL_ROWS
+
 _U = np.uint64   # an index numba does not wrap around (see engine/kernels.py)
 
 
 def round_f16(x: np.ndarray) -> np.ndarray:
     """float32 -> the nearest IEEE half (round to nearest even, as ggml stores F16), as float32:
     numpy's float16 casts' values (a NaN keeps its sign and the payload's top 10 bits), on
-    the kernel's threads (numpy's casts are serial and were ~5 % of a two-thread prefill)."""
+    the kernels' threads for a prefill's arrays (numpy's casts are serial, and were ~5 % of
+    a two-thread prefill)."""
     x = np.ascontiguousarray(x, dtype=np.float32)
-    return _round_f16(x.reshape(-1)).reshape(x.shape)
+    flat = x.reshape(-1)
+    out = np.empty_like(flat)
+    (_round_f16_parallel if flat.shape[0] >= 4 * _F16_CHUNK else _round_f16_serial)(flat, out)
+    return out.reshape(x.shape)
 
 
-_F16_CHUNK = 4096
+_F16_CHUNK = 16384
+
+
+@njit(cache=True, inline="always")
+def _round_f16_span(x, out, i0, i1):
+    bits = x.view(np.uint32)
+    ob = out.view(np.uint32)
+    for i in range(i0, i1):
+        b = bits[i]
+        a = b & np.uint32(0x7FFFFFFF)
+        sign = b & np.uint32(0x80000000)
+        if a > np.uint32(0x7F800000):        # NaN: quiet, top 10 payload bits (nonzero)
+            m = a & np.uint32(0x007FE000)
+            ob[i] = sign | np.uint32(0x7F800000) | (m if m != 0 else np.uint32(0x2000))
+        elif a >= np.uint32(0x477FF000):     # >= 65520: rounds past the largest half, 65504
+            ob[i] = sign | np.uint32(0x7F800000)
+        elif a >= np.uint32(0x38800000):     # normal half: 10 fraction bits, ties to even
+            r = a + np.uint32(0xFFF) + ((a >> np.uint32(13)) & np.uint32(1))
+            ob[i] = sign | (r & np.uint32(0xFFFFE000))
+        else:                                # subnormal half: a multiple of 2^-24, ties to even
+            v = np.float32(np.rint(np.float32(x[i] * np.float32(16777216.0))))
+            out[i] = np.float32(v * np.float32(5.9604644775390625e-08))
+
+
+@njit(cache=True)
+def _round_f16_serial(x, out):
+    _round_f16_span(x, out, 0, x.shape[0])
 
 
 @njit(cache=True, parallel=True)
-def _round_f16(x):
-    bits = x.view(np.uint32)
-    out = np.empty_like(x)
-    ob = out.view(np.uint32)
+def _round_f16_parallel(x, out):
     n = x.shape[0]
     for c in prange((n + _F16_CHUNK - 1) // _F16_CHUNK):
-        for i in range(c * _F16_CHUNK, min(n, (c + 1) * _F16_CHUNK)):
-            b = bits[i]
-            a = b & np.uint32(0x7FFFFFFF)
-            sign = b & np.uint32(0x80000000)
-            if a > np.uint32(0x7F800000):        # NaN: quiet, top 10 payload bits (nonzero)
-                m = a & np.uint32(0x007FE000)
-                ob[i] = sign | np.uint32(0x7F800000) | (m if m != 0 else np.uint32(0x2000))
-            elif a >= np.uint32(0x477FF000):     # >= 65520: rounds past the largest half, 65504
-                ob[i] = sign | np.uint32(0x7F800000)
-            elif a >= np.uint32(0x38800000):     # normal half: 10 fraction bits, ties to even
-                r = a + np.uint32(0xFFF) + ((a >> np.uint32(13)) & np.uint32(1))
-                ob[i] = sign | (r & np.uint32(0xFFFFE000))
-            else:                                # subnormal half: a multiple of 2^-24, ties to even
-                v = np.float32(np.rint(np.float32(x[i] * np.float32(16777216.0))))
-                out[i] = np.float32(v * np.float32(5.9604644775390625e-08))
-    return out
+        _round_f16_span(x, out, c * _F16_CHUNK, min(n, (c + 1) * _F16_CHUNK))
 
 
 @njit(cache=True)
@@ -179,24 +193,39 @@ def softmax(x: np.ndarray) -> np.ndarray:
     return (e * inv).astype(np.float32)
 
 
-@njit(cache=True, parallel=True)
-def combine_experts(ey, at, weights):
+def combine_experts(ey: np.ndarray, at: np.ndarray, weights: np.ndarray) -> np.ndarray:
     """The MoE output out[r] = sum_j weights[r, j] * ey[at[r, j]] as ggml adds it: each
     product rounded to float32, then added in selection order j = 0, 1, ... (ey: the experts'
-    output rows; at[r, j]: the row of ey holding row r's j-th selected expert)."""
-    n, k = at.shape
-    out = np.empty((n, ey.shape[1]), np.float32)
-    for r in prange(n):
-        w0 = weights[r, 0]
-        y0 = ey[at[r, 0]]
-        for d in range(ey.shape[1]):
-            out[r, d] = np.float32(y0[d] * w0)
-        for j in range(1, k):
-            w = weights[r, j]
-            y = ey[at[r, j]]
-            for d in range(ey.shape[1]):
-                out[r, d] = np.float32(out[r, d] + np.float32(y[d] * w))
+    output rows; at[r, j]: the row of ey holding row r's j-th selected expert). Rows on the
+    kernels' threads from PARALLEL_ROWS on."""
+    out = np.empty((at.shape[0], ey.shape[1]), np.float32)
+    (_combine_parallel if at.shape[0] >= PARALLEL_ROWS else _combine_serial)(ey, at, weights, out)
     return out
+
+
+@njit(cache=True, inline="always")
+def _combine_row(ey, at, weights, out, r):
+    w0 = weights[r, 0]
+    y0 = ey[at[r, 0]]
+    for d in range(ey.shape[1]):
+        out[r, d] = np.float32(y0[d] * w0)
+    for j in range(1, at.shape[1]):
+        w = weights[r, j]
+        y = ey[at[r, j]]
+        for d in range(ey.shape[1]):
+            out[r, d] = np.float32(out[r, d] + np.float32(y[d] * w))
+
+
+@njit(cache=True)
+def _combine_serial(ey, at, weights, out):
+    for r in range(at.shape[0]):
+        _combine_row(ey, at, weights, out, r)
+
+
+@njit(cache=True, parallel=True)
+def _combine_parallel(ey, at, weights, out):
+    for r in prange(at.shape[0]):
+        _combine_row(ey, at, weights, out, r)
 
 
 def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:

@@ -27,21 +27,22 @@ def test_f16_rounding_is_numpys_cast(t):
                            # halves' neighbourhood: ties, subnormals, the overflow edge
                            (rng.integers(0x33000000, 0x47800000, 1 << 18, dtype=np.uint64) & ~np.uint64(0xFFF)
                             | np.uint64(0x1000)).astype(np.uint32)])
-    x = bits.view(np.float32).reshape(-1, 4)
     old = K.get_threads()
     try:
         K.set_threads(t)
-        got = ops.round_f16(x)
+        for x in (bits.view(np.float32).reshape(-1, 4), bits[:1000].view(np.float32)):   # parallel, serial
+            got = ops.round_f16(x)
+            with np.errstate(over="ignore", invalid="ignore"):
+                want = x.astype(np.float16).astype(np.float32)
+            assert got.shape == x.shape and np.array_equal(got.view(np.uint32), want.view(np.uint32))
     finally:
         K.set_threads(old)
-    with np.errstate(over="ignore", invalid="ignore"):
-        want = x.astype(np.float16).astype(np.float32)
-    assert got.shape == x.shape and np.array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
-def test_moe_combine_is_the_weighted_sum_in_selection_order():
+@pytest.mark.parametrize("n", [1, 9, 40])   # decode; the serial and the parallel kernel
+def test_moe_combine_is_the_weighted_sum_in_selection_order(n):
     rng = np.random.default_rng(3)
-    n, k, dim = 9, 4, 64
+    k, dim = 4, 64
     ey = rng.standard_normal((n * k, dim)).astype(np.float32) * np.float32(1e3)
     at = rng.permutation(n * k).reshape(n, k)
     w = rng.random((n, k)).astype(np.float32)
