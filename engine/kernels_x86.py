@@ -30,7 +30,7 @@ The activations (Q8_K quants) are permuted once per call. Each product is one in
 per weight row, everything in registers: with one activation row (decode) the whole dot
 product, with several (prefill) each super-block is unpacked once and used by all of them.
 Q8_0 (attention's key projection) is here too: its signed products by the sign trick
-(_row_dot_q8_0), on 256-bit vectors for both paths. Compiled only when chosen
+(_rows_dot_q8_0), on 256-bit vectors for both paths. Compiled only when chosen
 (engine/kernels.py's kernel path), each width on its own: on a CPU without the extension
 its instructions do not exist.
 """
@@ -547,43 +547,88 @@ def matmul_kquant_512(ptrs, n_rows, row_bytes, qtype, d, qs, bsums, act_rows, ac
     return _matmul_kquant(ptrs, n_rows, row_bytes, qtype, d, qs, bsums, act_rows, act_start, lanes, workers, 1)
 
 
+# Q8_0 blocks multiplied per step of the row: their integer sums are formed together and
+# reduced into one vector (block b in lane b), their scales converted together.
+Q8_0_STEP = 8
+
+
 @intrinsic
-def _row_dot_q8_0(typingctx, wr, nb, qs, yd, j):
-    """One Q8_0 weight row of nb blocks times activation row j (qs int8, yd its f16 scales
-    as float32): ggml_vec_dot_q8_0_q8_0_generic, sumf += (float)sumi * (x.d * y.d) per block
-    in order. sumi by vpmaddubsw(|w|, y with w's sign) and vpmaddwd: exact because the
-    activations' quants are in [-127, 127] (quantize_q8_0: |x| * 127 / amax rounds to at
-    most 127), so negating one never overflows and a pair is at most 2 * 128 * 127."""
-    if not (_is_bytes(wr) and isinstance(nb, types.Integer) and _is_array(qs, types.int8, 2)
-            and _is_array(yd, types.float32, 2) and isinstance(j, types.Integer)):
+def _rows_dot_q8_0(typingctx, w, r, count, nb, qs, yd, j, out, a):
+    """Q8_0 weight rows r..r + count - 1 of w (count a literal 1..Q8_0_ROWS) times activation
+    row j (qs int8, yd its f16 scales as float32), to out[a, r + q]:
+    ggml_vec_dot_q8_0_q8_0_generic, sumf += (float)sumi * (x.d * y.d) per block in order.
+    sumi by vpmaddubsw(|w|, y with w's sign) and vpmaddwd: exact because the activations'
+    quants are in [-127, 127] (quantize_q8_0: |x| * 127 / amax rounds to at most 127), so
+    negating one never overflows and a pair is at most 2 * 128 * 127. Q8_0_STEP blocks at a
+    time: their sums reduced by vphaddd into one vector (lane b = block b), the scales
+    converted and multiplied as vectors, then added to sumf block by block in order (the
+    same operations per block as one at a time, which the remainder does). The weight rows'
+    chains of additions are independent, so together they hide each other's latency."""
+    if not (_is_array(w, types.uint8, 2) and isinstance(r, types.Integer)
+            and isinstance(count, types.IntegerLiteral) and 1 <= count.literal_value <= Q8_0_ROWS
+            and isinstance(nb, types.Integer) and _is_array(qs, types.int8, 2)
+            and _is_array(yd, types.float32, 2) and isinstance(j, types.Integer)
+            and _is_array(out, types.float32, 2) and isinstance(a, types.Integer)):
         return None
 
     def codegen(context, builder, sig, args):
         b = builder
-        w = _data(context, b, sig.args[0], args[0])
-        y, ydj = (_row(context, b, sig.args[i], args[i], sig.args[4], args[4]) for i in (2, 3))
-        n = context.cast(b, args[1], sig.args[1], types.int64)
-        sumf = cgutils.alloca_once_value(b, ir.Constant(_F32, 0.0))
-        zero = _splat(_V32I8, 0)
-        with cgutils.for_range(b, n) as loop:
-            i = loop.index
-            blk = b.gep(w, [b.mul(i, ir.Constant(i.type, Q8_0_BYTES))])
+        rows = sig.args[2].literal_value
+        i64 = lambda v: ir.Constant(ir.IntType(64), v)
+        r, n, a = (context.cast(b, args[k], sig.args[k], types.int64) for k in (1, 3, 8))
+        ws = [_row(context, b, sig.args[0], args[0], types.int64, b.add(r, i64(q))) for q in range(rows)]
+        y, ydj = (_row(context, b, sig.args[k], args[k], sig.args[6], args[6]) for k in (4, 5))
+        sumf = [cgutils.alloca_once_value(b, ir.Constant(_F32, 0.0)) for _ in range(rows)]
+
+        def block_sums(w, i):
+            """Block i's 8 int32 partial sums (their total is sumi)."""
+            blk = b.gep(w, [b.mul(i, i64(Q8_0_BYTES))])
             q = _load(b, blk, 2, _V32I8)
-            neg = b.icmp_signed("<", q, zero)
-            yq = _load(b, y, b.mul(i, ir.Constant(i.type, 32)), _V32I8)
-            p = _x86(b, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, b.select(neg, b.sub(zero, q), q),
-                     b.select(neg, b.sub(zero, yq), yq))
-            sumi = _hsum(b, _x86(b, "llvm.x86.avx2.pmadd.wd", _V8I32, p, _splat(_V16I16, 1)))
-            dd = b.fmul(_f16s(b, blk, 0, 1)[0], _load(b, ydj, b.mul(i, ir.Constant(i.type, 4)), _F32))
-            b.store(b.fadd(b.load(sumf), b.fmul(b.sitofp(sumi, _F32), dd)), sumf)
-        return b.load(sumf)
-    return types.float32(wr, nb, qs, yd, j), codegen
+            yq = _load(b, y, b.mul(i, i64(32)), _V32I8)
+            p = _x86(b, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, _x86(b, "llvm.x86.avx2.pabs.b", _V32I8, q),
+                     _x86(b, "llvm.x86.avx2.psign.b", _V32I8, yq, q))
+            return blk, _x86(b, "llvm.x86.avx2.pmadd.wd", _V8I32, p, _splat(_V16I16, 1))
+
+        hadd = lambda x, z: _x86(b, "llvm.x86.avx2.phadd.d", _V8I32, x, z)
+        steps = b.udiv(n, i64(Q8_0_STEP))
+        with cgutils.for_range(b, steps) as loop:
+            i0 = b.mul(loop.index, i64(Q8_0_STEP))
+            ydv = _load(b, ydj, b.mul(i0, i64(4)), _V8F32)
+            for q in range(rows):
+                blks, v = zip(*(block_sums(ws[q], b.add(i0, i64(k))) for k in range(Q8_0_STEP)))
+                _prefetch(b, blks[0], Q8_0_STEP * Q8_0_BYTES)
+                g1 = hadd(hadd(v[0], v[1]), hadd(v[2], v[3]))   # per 128-bit half: blocks 0-3's partial sums
+                g2 = hadd(hadd(v[4], v[5]), hadd(v[6], v[7]))
+                sumi = b.add(b.shuffle_vector(g1, g2, _idx(0, 1, 2, 3, 8, 9, 10, 11)),
+                             b.shuffle_vector(g1, g2, _idx(4, 5, 6, 7, 12, 13, 14, 15)))
+                xd = ir.Constant(_V8F32, None)
+                for k in range(Q8_0_STEP):
+                    xd = b.insert_element(xd, _f16s(b, blks[k], 0, 1)[0], ir.Constant(_I32, k))
+                prod = b.fmul(b.sitofp(sumi, _V8F32), b.fmul(xd, ydv))
+                acc = b.load(sumf[q])
+                for k in range(Q8_0_STEP):
+                    acc = b.fadd(acc, b.extract_element(prod, ir.Constant(_I32, k)))
+                b.store(acc, sumf[q])
+        with cgutils.for_range_slice(b, b.mul(steps, i64(Q8_0_STEP)), n, i64(1)) as (i, _):
+            for q in range(rows):
+                blk, v = block_sums(ws[q], i)
+                dd = b.fmul(_f16s(b, blk, 0, 1)[0], _load(b, ydj, b.mul(i, i64(4)), _F32))
+                b.store(b.fadd(b.load(sumf[q]), b.fmul(b.sitofp(_hsum(b, v), _F32), dd)), sumf[q])
+        orow = _row(context, b, sig.args[7], args[7], types.int64, a)
+        for q in range(rows):
+            b.store(b.load(sumf[q]), b.bitcast(b.gep(orow, [b.mul(b.add(r, i64(q)), i64(4))]), _F32.as_pointer()))
+        return context.get_dummy_value()
+    return types.none(w, r, count, nb, qs, yd, j, out, a), codegen
+
+
+# Q8_0 weight rows one activation row is multiplied with at once (independent chains).
+Q8_0_ROWS = 4
 
 
 @njit(cache=True, parallel=True)
 def matmul_q8_0(ptrs, n_rows, row_bytes, d, qs, act_rows, act_start, lanes, workers):
     """engine/kernels.matmul_q8_0's contract and bits, each block's integer sum by
-    vpmaddubsw (see _row_dot_q8_0)."""
+    vpmaddubsw (see _rows_dot_q8_0)."""
     n_mat = ptrs.shape[0]
     nb = check_q8_0(n_rows, row_bytes, d, qs, act_rows, act_start, lanes, n_mat)
     out = np.empty((act_rows.shape[0], n_rows), np.float32)
@@ -596,10 +641,16 @@ def matmul_q8_0(ptrs, n_rows, row_bytes, d, qs, act_rows, act_start, lanes, work
             if m < 0:
                 break
             w = numba.carray(u8_pointer(ptrs[m]), (n_rows, row_bytes))
-            for r in range(r0, min(n_rows, r0 + ROWS_PER_ITEM)):
-                wr = w[r]
-                for s in range(a1 - a0):
-                    out[a0 + s, r] = _row_dot_q8_0(wr, nb, qs, d, act_rows[a0 + s])
+            r1 = min(n_rows, r0 + ROWS_PER_ITEM)
+            for s in range(a0, a1):
+                j = act_rows[s]
+                r = r0
+                while r1 - r >= Q8_0_ROWS:
+                    _rows_dot_q8_0(w, r, Q8_0_ROWS, nb, qs, d, j, out, s)
+                    r += Q8_0_ROWS
+                while r < r1:
+                    _rows_dot_q8_0(w, r, 1, nb, qs, d, j, out, s)
+                    r += 1
     return out
 
 
