@@ -16,12 +16,12 @@ _U = np.uint64   # an index numba does not wrap around (see engine/kernels.py)
 def round_f16(x: np.ndarray) -> np.ndarray:
     """float32 -> the nearest IEEE half (round to nearest even, as ggml stores F16), as float32:
     numpy's float16 casts' values (a NaN keeps its sign and the payload's top 10 bits), on
-    the kernels' threads for a prefill's arrays (numpy's casts are serial, and were ~5 % of
-    a two-thread prefill)."""
+    the kernels' threads for a prefill's arrays (rows: positions; from PARALLEL_ROWS on), as
+    numpy's serial casts were ~5 % of a two-thread prefill."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     flat = x.reshape(-1)
     out = np.empty_like(flat)
-    (_round_f16_parallel if flat.shape[0] >= 4 * _F16_CHUNK else _round_f16_serial)(flat, out)
+    (_round_f16_parallel if x.ndim and x.shape[0] >= PARALLEL_ROWS else _round_f16_serial)(flat, out)
     return out.reshape(x.shape)
 
 

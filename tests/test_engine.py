@@ -206,7 +206,8 @@ def test_cli_bad_model_is_one_line_exit_2(case, tmp_path, tiny_model):
 
 # Counts every jitted function's prepared specializations in the engine's modules around a
 # generation, in a fresh process (a test worker has prepared them all before). argv: model,
-# "paged"/"resident", kernel path, and "cold" to stub the warm-up out (the check must fail).
+# "paged"/"resident", kernel path, "cold" to stub the warm-up out (the check must fail), and
+# the micro-batch (a prompt of 4 x 8+ tokens: a batch of 32 runs a prefill's parallel kernels).
 NEW_SPECIALIZATIONS = r'''
 import json, sys
 from numba.core.registry import CPUDispatcher
@@ -216,29 +217,31 @@ if sys.argv[4] == "cold":
 def snapshot():
     return {f"{n}.{a}": len(v.signatures) for n, m in list(sys.modules.items()) if n.split(".")[0] == "engine"
             for a, v in vars(m).items() if isinstance(v, CPUDispatcher)}
-e = R.Engine(sys.argv[1], R.Options(n_ctx=64, pager=sys.argv[2] == "paged", batch=4, kernels=sys.argv[3]))
+e = R.Engine(sys.argv[1], R.Options(n_ctx=128, pager=sys.argv[2] == "paged", batch=int(sys.argv[5]), kernels=sys.argv[3]))
 before = snapshot()
-e.generate(e.encode_prompt("How do experts route tokens?", chat=True), 3)
+e.generate(e.encode_prompt(" ".join(["How do experts route tokens?"] * 4), chat=True), 3)
 after = snapshot()
 print(json.dumps({k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}))
 '''
 
 
-def _specializations_prepared_while_timed(model, pager: str, kernels: str, warm: str = "warm") -> dict:
-    r = subprocess.run([sys.executable, "-c", NEW_SPECIALIZATIONS, str(model), pager, kernels, warm],
+def _specializations_prepared_while_timed(model, pager: str, kernels: str, warm: str = "warm", batch: int = 4) -> dict:
+    r = subprocess.run([sys.executable, "-c", NEW_SPECIALIZATIONS, str(model), pager, kernels, warm, str(batch)],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("model, pager, kernels", [("tiny_model", "resident", "auto"), ("tiny_model", "paged", "portable"),
-                                                   ("tiny35_model", "paged", "auto")])
-def test_no_kernel_is_prepared_inside_a_timed_phase(model, pager, kernels, request):
+@pytest.mark.parametrize("model, pager, kernels, batch", [
+    ("tiny_model", "resident", "auto", 4), ("tiny_model", "paged", "portable", 4), ("tiny35_model", "paged", "auto", 4),
+    ("tiny_model", "resident", "auto", 32), ("tiny35_model", "resident", "portable", 32)])
+def test_no_kernel_is_prepared_inside_a_timed_phase(model, pager, kernels, batch, request):
     """Engine start-up prepares every kernel a generation calls (engine/warmup.py), so prefill
     tok/s measures the prefill, not numba loading kernels: a generation after start-up adds
     no specialization to any jitted function, for either architecture, with and without
-    the pager (whose expert prediction calls its own kernels) and on each kernel path."""
-    assert _specializations_prepared_while_timed(request.getfixturevalue(model), pager, kernels) == {}
+    the pager (whose expert prediction calls its own kernels), on each kernel path, and
+    with micro-batches large enough for a prefill's parallel kernels."""
+    assert _specializations_prepared_while_timed(request.getfixturevalue(model), pager, kernels, batch=batch) == {}
 
 
 def test_without_the_warm_up_kernels_are_prepared_inside_the_timed_phases(tiny_model):
