@@ -7,7 +7,8 @@ and -t 2, and the paged engine in a memory cap of 1/3 of the file.
 
 Every setting is a fresh process; one round runs each setting once, `--repeat` rounds
 (after a warm-up round that is not counted), so a load change on the shared machine falls
-on all settings alike. Figures are medians; ratios are of medians measured in the same run.
+on all settings alike. Figures are medians; ratios are of medians measured in the same run,
+and beside each the median and range of its per-round ratios.
 
 * engine -t N: `python -m engine --no-pager` (experts read from the mapped file, page cache
   warm), prefill and decode tok/s from its stats file; `-b` is --batch (default: the whole
@@ -247,30 +248,32 @@ def main() -> int:
     if paged_note:
         print(f"| paged engine -t 2, cap 1/3 | {paged_note} | | |")
     print()
-    ratios = {}
+    ratios, round_ratios = {}, {}
 
-    def ratio(label: str, num: dict | None, den: dict | None, key: str) -> None:
-        if num and den and num[key] and den[key]:
-            ratios[label] = num[key] / den[key]
+    def ratio(label: str, num: str, den: str, key: str) -> None:
+        """num / den of the medians, and per round: the two ran minutes apart at most there,
+        so a drift of the shared machine's speed between rounds cancels."""
+        m, d = med.get(num), med.get(den)
+        if m and d and m[key] and d[key]:
+            ratios[label] = m[key] / d[key]
+            round_ratios[label] = [rn[key] / rd[key] for rn, rd in zip(runs[num], runs[den])
+                                   if rn.get(key) and rd.get(key)]
 
     for key, phase in (("decode_tok_s", "decode"), ("prefill_tok_s", "prefill")):
         for t in threads:
             for k in paths:
-                ratio(f"{phase} -t {t}: {engine_name(t, k)} / llama.cpp", med.get(engine_name(t, k)),
-                      med.get(f"llama.cpp -t {t}"), key)
+                ratio(f"{phase} -t {t}: {engine_name(t, k)} / llama.cpp", engine_name(t, k), f"llama.cpp -t {t}", key)
                 if k != paths[0]:
-                    ratio(f"{phase} -t {t}: {k} / {paths[0]}", med.get(engine_name(t, k)),
-                          med.get(engine_name(t, paths[0])), key)
+                    ratio(f"{phase} -t {t}: {k} / {paths[0]}", engine_name(t, k), engine_name(t, paths[0]), key)
                 if worktree:
-                    ratio(f"{phase} -t {t}: {engine_name(t, k)} / @{a.ref}", med.get(engine_name(t, k)),
-                          med.get(ref_name(t)), key)
+                    ratio(f"{phase} -t {t}: {engine_name(t, k)} / @{a.ref}", engine_name(t, k), ref_name(t), key)
         for k in paths:   # thread scaling
             if len(threads) > 1:
-                ratio(f"{phase} {engine_name(threads[-1], k)} / -t {threads[0]}", med.get(engine_name(threads[-1], k)),
-                      med.get(engine_name(threads[0], k)), key)
+                ratio(f"{phase} {engine_name(threads[-1], k)} / -t {threads[0]}", engine_name(threads[-1], k),
+                      engine_name(threads[0], k), key)
         if have_llama and len(threads) > 1:
-            ratio(f"{phase} llama.cpp -t {threads[-1]} / -t {threads[0]}", med.get(f"llama.cpp -t {threads[-1]}"),
-                  med.get(f"llama.cpp -t {threads[0]}"), key)
+            ratio(f"{phase} llama.cpp -t {threads[-1]} / -t {threads[0]}", f"llama.cpp -t {threads[-1]}",
+                  f"llama.cpp -t {threads[0]}", key)
     p, e2 = med.get("paged engine -t 2, cap 1/3"), med.get(engine_name(2, paths[-1]))
     if p and e2 and p["decode_tok_s"] and e2["decode_tok_s"]:
         ratios["decode -t 2: paged (cap 1/3) / resident"] = p["decode_tok_s"] / e2["decode_tok_s"]
@@ -282,11 +285,13 @@ def main() -> int:
               f"(expert windows, O_DIRECT): at most {limit:.2f} tok/s")
         ratios["decode -t 2: paged (cap 1/3) / the disk's limit for its reads"] = p["decode_tok_s"] / limit
     for k, v in ratios.items():
-        print(f"{k}: {v:.3f}x")
+        per = round_ratios.get(k)
+        print(f"{k}: {v:.3f}x" + (f" (per round: median {statistics.median(per):.3f}x, {min(per):.3f}-{max(per):.3f})"
+                                  if per else ""))
     if a.out:
         write_json(a.out, {"model": a.model, "prompt_tokens": ntok, "engine_batch": a.batch, "n_predict": a.n_predict,
                            "repeat": a.repeat,
-                           "runs": runs, "medians": med, "ratios": ratios})
+                           "runs": runs, "medians": med, "ratios": ratios, "round_ratios": round_ratios})
     return 0
 
 
