@@ -167,16 +167,32 @@ def attention_probs(q16, k_t, pos0, scale):
 @njit(cache=True, parallel=True)
 def attention_values(p16, v_cache):
     """out (n, H*D) = p16 @ V per head; p16 holds f16-rounded probabilities, the V cache
-    (ctx, Hkv, D) f16 values as float32. Each output sums j = 0..n_kv-1 in double."""
+    (ctx, Hkv, D) f16 values as float32. Each output sums j = 0..n_kv-1 in double (terms
+    that cannot change the sum skipped, see below)."""
     n, H, n_kv = p16.shape
     Hkv, D = v_cache.shape[1], v_cache.shape[2]
     group = H // Hkv
     out = np.empty((n, H * D), dtype=np.float32)
+    # A zero probability adds 0 * v = +-0 to a sum that is never -0, which changes nothing
+    # unless v is inf or NaN: so a row stops after its last nonzero probability (a causal
+    # row's masked keys: half a prefill's work) when no value past that is non-finite.
+    last_bad = np.full(Hkv, -1, np.int64)
+    for j in range(n_kv):
+        for kv in range(Hkv):
+            for d in range(D):
+                if not np.isfinite(v_cache[j, kv, d]):
+                    last_bad[kv] = j
     for t in prange(n * H):
-        i, h = t // H, t % H
+        h, ii = t % H, t // H
+        i = ii // 2 if ii % 2 == 0 else n - 1 - ii // 2   # zigzag, as attention_probs
         kv = h // group
+        end = n_kv
+        while end > 0 and p16[i, h, end - 1] == 0:
+            end -= 1
+        if last_bad[kv] >= end:
+            end = n_kv
         s = np.zeros(D, dtype=np.float64)
-        for j in range(n_kv):
+        for j in range(end):
             pj = np.float64(p16[i, h, j])
             vj = v_cache[j, kv]
             for d in range(D):   # one chain per output: vectorized across outputs

@@ -73,3 +73,32 @@ def test_causal_attention_rows_have_the_same_bits_at_any_thread_count(n, pos0):
     assert np.array_equal(one.view(np.uint32), two.view(np.uint32))
     for i in range(n):   # causal: row i sees keys 0..pos0 + i, a distribution over them
         assert np.all(one[i, :, pos0 + i + 1:] == 0) and np.allclose(one[i].sum(axis=-1), 1, atol=1e-5)
+
+
+@pytest.mark.parametrize("bad", [None, np.inf, -np.inf, np.nan])
+def test_attention_values_skip_only_terms_that_cannot_change_a_sum(bad):
+    """Values past a row's last nonzero probability are skipped only while they are finite:
+    a masked key's inf or NaN value turns that row's output NaN, as in ggml's full sum."""
+    rng = np.random.default_rng(11)
+    n, H, Hkv, D = 6, 4, 2, 16
+    p = ops.round_f16(rng.random((n, H, n)).astype(np.float32))
+    p *= np.tril(np.ones((n, n), np.float32))[:, None, :]          # causal: zero past the diagonal
+    p[2, 1, 1] = -0.0                                                  # a negative zero inside
+    v = ops.round_f16(rng.standard_normal((n, Hkv, D)).astype(np.float32))
+    if bad is not None:
+        v[4, 1, 3] = bad                                                # a masked key of rows 0-3
+    got = ops.attention_values(p, v)
+    want = np.empty((n, H * D), np.float32)
+    with np.errstate(invalid="ignore"):
+        for i in range(n):
+            for h in range(H):
+                s = np.zeros(D)
+                for j in range(n):   # every term, in order, as ggml
+                    s += np.float64(p[i, h, j]) * v[j, h // (H // Hkv)].astype(np.float64)
+                want[i, h * D:(h + 1) * D] = s.astype(np.float32)
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(got), nan) and np.array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
+    if bad is not None:   # 0 * inf or 0 * NaN: rows 0-3, whose key 4 is masked, are NaN at its column
+        assert nan[:4, 2 * D + 3].all() and nan[:4, 3 * D + 3].all() and not nan[:4, :2 * D].any()
+    else:
+        assert not nan.any()
