@@ -176,8 +176,15 @@ def attention_values(p16, v_cache):
     # A zero probability adds 0 * v = +-0 to a sum that is never -0, which changes nothing
     # unless v is inf or NaN: so a row stops after its last nonzero probability (a causal
     # row's masked keys: half a prefill's work) when no value past that is non-finite.
-    last_bad = np.full(Hkv, -1, np.int64)
-    for j in range(n_kv):
+    ends = np.empty((n, H), np.int64)
+    for i in range(n):
+        for h in range(H):
+            end = n_kv
+            while end > 0 and p16[i, h, end - 1] == 0:
+                end -= 1
+            ends[i, h] = end
+    last_bad = np.full(Hkv, -1, np.int64)   # only values some row would skip are looked at
+    for j in range(ends.min() if n else n_kv, n_kv):
         for kv in range(Hkv):
             for d in range(D):
                 if not np.isfinite(v_cache[j, kv, d]):
@@ -186,11 +193,7 @@ def attention_values(p16, v_cache):
         h, ii = t % H, t // H
         i = ii // 2 if ii % 2 == 0 else n - 1 - ii // 2   # zigzag, as attention_probs
         kv = h // group
-        end = n_kv
-        while end > 0 and p16[i, h, end - 1] == 0:
-            end -= 1
-        if last_bad[kv] >= end:
-            end = n_kv
+        end = ends[i, h] if last_bad[kv] < ends[i, h] else n_kv
         s = np.zeros(D, dtype=np.float64)
         for j in range(end):
             pj = np.float64(p16[i, h, j])
