@@ -14,6 +14,12 @@ import epmci.perf.paced as paced_mod
 from epmci.synth.store import make_model
 
 
+def pytest_collection_modifyitems(items):
+    """Tests marked `long` (a worker busy for 20 s or more) first: xdist hands tests out in
+    collection order, and a long test handed out last leaves the other worker idle."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
+
+
 @pytest.fixture(autouse=True)
 def outside_ci(monkeypatch):
     """Every test sees the same gate whether or not the suite itself runs in CI: a missing

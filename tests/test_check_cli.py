@@ -44,6 +44,7 @@ def by_name(report: dict) -> dict[tuple[str, str], dict]:
 
 # ----------------------------------------------------------------- exit 0
 
+@pytest.mark.long
 def test_fast_check_passes_on_the_tiny_model(tmp_path, tiny_model, monkeypatch, capsys):
     """The whole gate (build included) on the bundled engine: exit 0, every report written."""
     summary = tmp_path / "summary.md"

@@ -544,6 +544,7 @@ def test_perf_base_paces_two_engines_that_only_fit_at_a_reduced_arena(tmp_path, 
     assert f"--arena-mb {m['arena_mb']:g}" in b["message"]
 
 
+@pytest.mark.long
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 def test_perf_base_abba_mode_measures_whole_runs(tmp_path, tiny_model, built_engine):
     sha, res, b = head_beats_slow_base(tmp_path, tiny_model, "--set", "perf.base_mode=abba")
@@ -567,6 +568,7 @@ engine.runtime.Engine.stats_records = lambda self: [{**r, "peak_rss_mb": 1e8} fo
 """
 
 
+@pytest.mark.long
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 @pytest.mark.parametrize("patch,why", [(REJECTS_PACING, "the base engine does not take --pace-fds"),
                                        (HUGE_RSS, "two engines do not fit the memory at once")],

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -17,6 +19,7 @@ def run(argv, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([str(a) for a in argv], capture_output=True, text=True, **kw)
 
 
+@pytest.mark.long
 def test_the_wheel_installs_into_a_fresh_venv_and_gates_from_outside_the_checkout(tmp_path, ci_model):
     dist = tmp_path / "dist"
     r = run([sys.executable, "-m", "build", "--outdir", dist, ROOT], timeout=600)

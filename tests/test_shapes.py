@@ -154,6 +154,7 @@ def test_the_plan_compares_an_uneven_thread_count_and_the_runners_cpus():
     assert plan.other_threads == (5,) and "determinism also at -t 5" in plan.text()
 
 
+@pytest.mark.long
 @pytest.mark.usefixtures("built_engine")
 @pytest.mark.parametrize("seed", list(SHAPES))
 def test_the_correct_engine_passes_every_shape(tmp_path, seed):

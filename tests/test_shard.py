@@ -78,6 +78,7 @@ def test_units_without_a_recorded_duration_are_estimated_at_the_known_rate():
 
 # ------------------------------------------------------------------ sharded == unsharded
 
+@pytest.mark.long
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_merged_shards_give_the_unsharded_verdict_cases_and_counts(n, unsharded, tmp_path, capsys):
     whole, whole_path = unsharded
@@ -98,6 +99,7 @@ def test_merged_shards_give_the_unsharded_verdict_cases_and_counts(n, unsharded,
     assert "PASS" in (out / "m.md").read_text()
 
 
+@pytest.mark.long
 def test_a_failing_engine_fails_the_merge_as_it_fails_the_shard(tmp_path, tiny_model):
     """A broken engine (Q6_K products 0.2 % too large on every kernel path) fails the shards
     that ran the broken parts, and the merged verdict with them: exit 1, the engine's
