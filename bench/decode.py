@@ -152,6 +152,14 @@ def median(runs: list[dict], key: str) -> float | None:
     return statistics.median(ok) if ok else None
 
 
+def round_ratios_of(num: list[dict], den: list[dict], key: str) -> list[float]:
+    """num / den round by round: the two ran minutes apart at most there, so a drift of the
+    shared machine's speed between rounds cancels. Every round holds one record per setting
+    (a failed run one with "error"), so the lists pair by index; a round where either failed
+    gives no ratio."""
+    return [rn[key] / rd[key] for rn, rd in zip(num, den, strict=True) if rn.get(key) and rd.get(key)]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model")
@@ -251,13 +259,11 @@ def main() -> int:
     ratios, round_ratios = {}, {}
 
     def ratio(label: str, num: str, den: str, key: str) -> None:
-        """num / den of the medians, and per round: the two ran minutes apart at most there,
-        so a drift of the shared machine's speed between rounds cancels."""
+        """num / den of the medians, and per round (round_ratios_of)."""
         m, d = med.get(num), med.get(den)
         if m and d and m[key] and d[key]:
             ratios[label] = m[key] / d[key]
-            round_ratios[label] = [rn[key] / rd[key] for rn, rd in zip(runs[num], runs[den])
-                                   if rn.get(key) and rd.get(key)]
+            round_ratios[label] = round_ratios_of(runs[num], runs[den], key)
 
     for key, phase in (("decode_tok_s", "decode"), ("prefill_tok_s", "prefill")):
         for t in threads:

@@ -29,3 +29,14 @@ def test_bad_arguments_are_refused_before_any_run(ci_model, args):
     r = subprocess.run([sys.executable, str(BENCH / "decode.py"), "--model", str(ci_model), "--no-llama",
                         "--no-paged", *args], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "must be >= 1" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_per_round_ratios_pair_the_same_round_and_skip_a_failed_one():
+    """A run that failed in round 2 drops that round's ratio; it does not shift the later
+    rounds onto their neighbours (round 3's 30 / 20, not 30 / 10)."""
+    head = [{"decode_tok_s": 20.0}, {"error": "exit 1: boom"}, {"decode_tok_s": 30.0}]
+    base = [{"decode_tok_s": 10.0}, {"decode_tok_s": 12.0}, {"decode_tok_s": 20.0}]
+    assert decode.round_ratios_of(head, base, "decode_tok_s") == [2.0, 1.5]
+    assert decode.round_ratios_of(base, [{"error": "timeout"}] * 3, "decode_tok_s") == []
+    with pytest.raises(ValueError):   # rounds that do not pair are a bug, not a shorter list
+        decode.round_ratios_of(head, base[:2], "decode_tok_s")
