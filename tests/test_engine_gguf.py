@@ -1,10 +1,13 @@
 """The engine's own GGUF header parser (engine/gguf_file.py) reads what gguf-py reads: every
 metadata value, every tensor's name, shape, type and data offset, on the presets and on a
 file with a value of every GGUF type; and it refuses what is not a GGUF header with a
-reason (the whole corrupt-file corpus goes through the engine in test_corrupt_models.py)."""
+reason (the whole corrupt-file corpus goes through the engine in test_corrupt_models.py).
+The resident copies of the dense tensors hold the file's bytes, in memory asked for on huge
+pages."""
 
 from __future__ import annotations
 
+import os
 import struct
 
 import gguf
@@ -12,6 +15,7 @@ import numpy as np
 import pytest
 
 from engine.gguf_file import GGUFFile, GGUFFormatError, GGUFStringError
+from engine.gguf_model import GGUFModel
 
 
 def same_as_gguf_py(path) -> None:
@@ -97,3 +101,37 @@ def test_what_is_not_a_gguf_header_is_refused_with_the_reason(tmp_path, name, ed
     with pytest.raises(GGUFFormatError, match=words) as e:
         GGUFFile(path)
     assert isinstance(e.value, GGUFStringError) == (name == "bad utf-8")
+
+
+def _vm_flags_of(address: int) -> list[str]:
+    """The VmFlags of this process's mapping that holds address (/proc/self/smaps)."""
+    inside = False
+    for line in open("/proc/self/smaps"):
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):
+            lo, hi = (int(v, 16) for v in head.split("-"))
+            inside = lo <= address < hi
+        elif inside and head == "VmFlags:":
+            return line.split()[1:]
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+def test_resident_dense_tensors_are_the_files_bytes_on_huge_page_memory(tiny35_model):
+    """load_resident copies every dense tensor into anonymous memory advised onto huge pages
+    (a decode streams them: 4 KiB pages cost the products 13-18 % here), cache-line aligned, with
+    the file's bytes; the expert tensors stay views of the file."""
+    if not hasattr(__import__("mmap"), "MADV_HUGEPAGE") or not os.path.exists("/sys/kernel/mm/transparent_hugepage"):
+        pytest.skip("this kernel has no transparent huge pages")
+    mapped = GGUFModel(tiny35_model)
+    gm = GGUFModel(tiny35_model)
+    gm.load_resident()
+    dense = [n for n in gm.tensors if "_exps." not in n]
+    assert dense and any("_exps." in n for n in gm.tensors)
+    for name in dense:
+        data = gm.tensors[name].data
+        assert np.array_equal(data.view(np.uint8), mapped.tensors[name].data.view(np.uint8)), name
+        assert not data.flags.writeable and data.ctypes.data % 64 == 0, name
+        assert "hg" in _vm_flags_of(data.ctypes.data), name
+    for name in gm.tensors:
+        if "_exps." in name:   # still the file's mapping, which nothing advises
+            assert "hg" not in _vm_flags_of(gm.tensors[name].data.ctypes.data), name
