@@ -53,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--ram-budget-mb", type=float, help="refuse to start unless everything fits")
     ap.add_argument("--no-prefetch", action="store_true")
     ap.add_argument("--profile-out", help="write per-(layer, expert) routing counts")
-    ap.add_argument("--selftest", metavar="L:E:N:OUT", help="run one expert through the paged path")
+    ap.add_argument("--selftest", metavar="L:E:N:OUT", action="append",
+                    help="run one expert through the paged path (repeatable: each in turn, one process)")
     ap.add_argument("--tokens-in", metavar="FILE", help="evaluate these tokens instead of -p/-n (teacher forcing)")
     ap.add_argument("--kernels", choices=("auto", *KERNEL_PATHS),
                     help="product kernels, same bits on each (default: EPM_KERNELS, else auto: the fastest this CPU runs)")
@@ -153,8 +154,8 @@ def run(a: argparse.Namespace) -> int:
     engine = Engine(a.model, opts)
     try:
         if a.selftest:
-            from .selftest import run_selftest
-            run_selftest(engine, a.selftest)
+            from .selftest import run_selftests
+            run_selftests(engine, a.selftest)
             return 0
         dump = MoEDumpWriter(os.environ["SDQ_MOE_DUMP"]) if os.environ.get("SDQ_MOE_DUMP") else None
         if dump:

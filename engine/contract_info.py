@@ -15,11 +15,11 @@ CONTRACT_VERSION = 2
 NAME = "epm-engine"
 # The optional features of the contract this engine implements (docs/engine-contract.md,
 # Capabilities): the expert pager (with --no-pager, the budget and the SDQ_* switches),
-# --selftest, SDQ_MOE_DUMP, SDQ_PREFETCH_DUMP, SDQ_STATE_DUMP, --profile-out / SDQ_PROFILE_IN,
-# --tokens-in, --pace-fds, and logits bit-identical to epmci's reference (the kernels follow
-# ggml's generic C order).
-FEATURES = ("pager", "selftest", "moe_dump", "prefetch_dump", "state_dump", "profile", "teacher_forcing",
-            "pacing", "reference_exact")
+# --selftest (repeatable: several in one process), SDQ_MOE_DUMP, SDQ_PREFETCH_DUMP,
+# SDQ_STATE_DUMP, --profile-out / SDQ_PROFILE_IN, --tokens-in, --pace-fds, and logits
+# bit-identical to epmci's reference (the kernels follow ggml's generic C order).
+FEATURES = ("pager", "selftest", "selftest_batch", "moe_dump", "prefetch_dump", "state_dump", "profile",
+            "teacher_forcing", "pacing", "reference_exact")
 
 
 # The matrix-product kernel paths it has (`--kernels P`; bit-identical on each), each with the

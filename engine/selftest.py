@@ -1,4 +1,5 @@
-"""`--selftest L:E:N:OUT`: one expert through the paged path, for the gate's kernel check.
+"""`--selftest L:E:N:OUT`: one expert through the paged path, for the gate's kernel check;
+repeatable (feature selftest_batch): each in turn, in one process.
 
 Expert E of layer L is read into an arena slot by the pager (the same read path as a
 run), computed from the slot with the forward pass's own expert function on N
@@ -43,6 +44,15 @@ def parse_spec(spec: str, n_layer: int, n_expert: int) -> tuple[int, int, int, s
     if n < 1:
         raise ModelError(f"--selftest: N must be >= 1, got {n}")
     return layer, expert, n, parts[3]
+
+
+def run_selftests(engine, specs: list[str]) -> None:
+    """Every --selftest in turn, after checking them all: one out of range writes nothing."""
+    hp = engine.gm.hp
+    for spec in specs:
+        parse_spec(spec, hp.n_layer, hp.n_expert)
+    for spec in specs:
+        run_selftest(engine, spec)
 
 
 def run_selftest(engine, spec: str) -> dict:

@@ -45,8 +45,8 @@ def test_bundled_engine_declares_contract_2_and_its_features():
     caps = parse_contract_info(r.stdout, "bundled")
     assert caps.contract == 2 and caps.name == "epm-engine" and caps.version
     assert caps.architectures == ("qwen3moe", "qwen35moe") and {"Q4_K", "Q5_K", "Q6_K", "Q8_0", "F32"} <= set(caps.quant_types)
-    assert {"pager", "selftest", "moe_dump", "prefetch_dump", "state_dump", "profile", "teacher_forcing",
-            "pacing", "reference_exact"} == caps.features <= set(FEATURES)
+    assert {"pager", "selftest", "selftest_batch", "moe_dump", "prefetch_dump", "state_dump", "profile",
+            "teacher_forcing", "pacing", "reference_exact"} == caps.features <= set(FEATURES)
     assert caps.kernel_cpu_flags["portable"] == () and caps.kernel_cpu_flags["avx512"] >= ("avx2", "f16c")
     assert model_problem(caps, "qwen3moe", {"Q4_K", "F32"}) is None
     assert "not llama" in model_problem(caps, "llama", {"Q4_K"})

@@ -192,6 +192,45 @@ def test_crashing_engine_fails_with_reason(tmp_path, tiny_model):
     assert "about to die" in r["stderr_tail"]
 
 
+def test_a_crash_in_a_batched_selftest_run_fails_every_pair_with_its_reason(tmp_path, tiny_model):
+    """The kernel suite runs a kernel path's pairs in one engine run (feature selftest_batch):
+    an engine that dies after the first selftest fails each pair of the run, each with the
+    crash and the run's command."""
+    cmd = broken_engine(tmp_path, """
+        import engine.selftest as S
+        _one, _done = S.run_selftest, []
+        def run_selftest(engine, spec):
+            if _done:
+                print("about to die", file=sys.stderr, flush=True)
+                import os; os.abort()
+            _done.append(spec)
+            return _one(engine, spec)
+        S.run_selftest = run_selftest
+    """)
+    rc, rep = run_check(tmp_path, tiny_model, cmd, "--suites", "kernel", "--set", "kernel.pairs=[[0, 0], [3, 7]]",
+                        "--set", "kernel.paths=[]")
+    assert rc == 1 and statuses(rep, "kernel") == {"L0 E0": "fail", "L3 E7": "fail"}
+    for r in results(rep, "kernel"):
+        assert "engine crashed (SIGABRT)" in r["message"] and "about to die" in r["stderr_tail"], r
+        assert r["details"].count("--selftest") == 2, r["details"]
+
+
+def test_an_engine_without_selftest_batch_is_given_one_selftest_per_run(tmp_path, tiny_model):
+    """An engine that does not declare selftest_batch (and refuses a second --selftest) gets
+    one run per pair, and passes."""
+    cmd = broken_engine(tmp_path, """
+        import engine.contract_info as C
+        C.FEATURES = tuple(f for f in C.FEATURES if f != "selftest_batch")
+        if sys.argv.count("--selftest") > 1:
+            print("epm-engine: error: --selftest: given twice", file=sys.stderr)
+            sys.exit(2)
+    """)
+    rc, rep = run_check(tmp_path, tiny_model, cmd, "--suites", "kernel", "--set", "kernel.pairs=[[0, 0], [3, 7]]")
+    st = statuses(rep, "kernel")
+    assert rc == 0 and set(st.values()) == {"pass"} and len(st) == 2 * (1 + len(available_paths())), st
+    assert all(r["details"].count("--selftest") == 1 for r in results(rep, "kernel"))
+
+
 def test_hanging_engine_times_out(tmp_path, tiny_model):
     cmd = broken_engine(tmp_path, """
         if "--contract-info" not in sys.argv:     # it says what it is, then hangs on every run

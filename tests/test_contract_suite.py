@@ -35,7 +35,7 @@ def test_the_bundled_engine_speaks_the_contract(tmp_path, tiny_model):
     assert [s["name"] for s in rep["suites"]] == ["contract"]
     assert res["contract-info"]["properties"]["features"] == ["moe_dump", "pacing", "pager", "prefetch_dump",
                                                                "profile", "reference_exact", "selftest",
-                                                               "state_dump", "teacher_forcing"]
+                                                               "selftest_batch", "state_dump", "teacher_forcing"]
     assert "byte for byte" in res["teacher forcing"]["message"]
     assert "exact" in res["tokenization"]["message"] and "exact" in res["chat template"]["message"]
 

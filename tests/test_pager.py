@@ -409,6 +409,17 @@ def test_cli_selftest(ci, sizes, tmp_path):
     assert got.y.tobytes() == expert_forward(mf, 5, 3, got.x).astype(np.float32).tobytes()
     line = _one_line_error(cli(["-m", ci, "--selftest", f"9:0:1:{out}"], cwd=tmp_path))
     assert "layer 9 out of range" in line
+    # several in one process (feature selftest_batch): each as if alone; one out of range
+    # refuses them all before any is written
+    a, b, c = (tmp_path / f"{n}.bin" for n in "abc")
+    p = cli(["-m", ci, "-b", str(BATCH), "--arena-mb", str(arena(sizes, 0.15)),
+             "--selftest", f"5:3:2:{a}", "--selftest", f"0:63:1:{b}"], cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert read_selftest(a, layer=5, expert=3, n_rows=2).y.tobytes() == got.y.tobytes()
+    other = read_selftest(b, layer=0, expert=63, n_rows=1)
+    assert other.y.tobytes() == expert_forward(mf, 0, 63, other.x).astype(np.float32).tobytes()
+    line = _one_line_error(cli(["-m", ci, "--selftest", f"5:3:2:{c}", "--selftest", f"9:0:1:{out}"], cwd=tmp_path))
+    assert "layer 9 out of range" in line and not c.exists()
 
 
 # ---------------------------------------------------------------- reads

@@ -147,14 +147,15 @@ class CheckContext:
         """The run's stats records, each with every field the contract documents for this engine."""
         return read_stats(path, self.engine.stats_fields())
 
-    def run_selftest(self, label: str, layer: int, expert: int, rows: int, out: Path,
+    def run_selftest(self, label: str, tests: list[tuple[int, int, int, Path]], out_dir: Path,
                      kernels: str | None = None) -> EngineRun:
-        args = runspec.selftest_args(self.model_path, layer, expert, rows, out, threads=self.threads,
-                                     ctx=self.cfg.engine.ctx, batch=self.cfg.run.batch, arena_mb=self.arena_mb(),
-                                     kernels=kernels)
+        """One engine run of the selftests (layer, expert, rows, out) -- several only when the
+        engine declares selftest_batch -- writing into out_dir."""
+        args = runspec.selftest_args(self.model_path, tests, threads=self.threads, ctx=self.cfg.engine.ctx,
+                                     batch=self.cfg.run.batch, arena_mb=self.arena_mb(), kernels=kernels)
         need = self.run_need_mib(RunSpec("", arena_mb=self.arena_mb(), dump_logits=False))
         with self.memory.hold(need):
-            return run_engine(self.engine, args, timeout=self.cfg.engine.timeout_s, label=label, out_dir=out)
+            return run_engine(self.engine, args, timeout=self.cfg.engine.timeout_s, label=label, out_dir=out_dir)
 
     # -------------------------------------------------------------- reference facts
 

@@ -67,7 +67,7 @@ def warm_up_runs(model: str, workdir: str, arena_mb: float, layers: list[int]) -
                spec.args(model, Path(workdir) / "paged")]
     for d in ("resident", "paged"):
         (Path(workdir) / d).mkdir(parents=True, exist_ok=True)
-    selftests = [selftest_args(model, il, 0, 2, Path(workdir) / f"st-{il}.bin", threads=1, ctx=64,
+    selftests = [selftest_args(model, [(il, 0, 2, Path(workdir) / f"st-{il}.bin")], threads=1, ctx=64,
                                batch=WARM_UP_BATCH, arena_mb=arena_mb) for il in layers]
     return [forward, selftests]
 

@@ -23,6 +23,7 @@ FEATURES = {
     "pager": "the expert pager: --arena-mb, --ram-budget-mb, --no-prefetch, the SDQ_* switches, and "
              "--no-pager for the resident side of the A/B",
     "selftest": "--selftest L:E:N:OUT (needs the pager)",
+    "selftest_batch": "--selftest given more than once: each in turn, in one process (needs selftest)",
     "moe_dump": "SDQ_MOE_DUMP=PREFIX",
     "prefetch_dump": "SDQ_PREFETCH_DUMP=PATH (every layer-ahead prediction, needs the pager)",
     "state_dump": "SDQ_STATE_DUMP=PREFIX (the delta-net states of a qwen35moe model)",

@@ -110,10 +110,11 @@ def _env(spec: RunSpec, env: dict | None) -> dict:
     return {**(env or {}), **{str(k): str(v) for k, v in spec.env.items()}}
 
 
-def selftest_args(model: str | os.PathLike, layer: int, expert: int, rows: int, out: Path, *,
+def selftest_args(model: str | os.PathLike, tests: list[tuple[int, int, int, Path]], *,
                   threads: int, ctx: int, batch: int, arena_mb: float, kernels: str | None = None) -> list[str]:
-    """--selftest L:E:N:OUT through the paged path, with the run's pager settings (and a
-    declared kernel path: `--kernels P`)."""
-    return ["-m", str(model), "-t", str(threads), "-c", str(ctx), "-b", str(batch),
-            "--arena-mb", arena_flag(arena_mb), "--selftest", f"{layer}:{expert}:{rows}:{out}",
+    """--selftest L:E:N:OUT for each (layer, expert, rows, out) of tests (more than one only
+    to an engine with feature selftest_batch) through the paged path, with the run's pager
+    settings (and a declared kernel path: `--kernels P`)."""
+    return ["-m", str(model), "-t", str(threads), "-c", str(ctx), "-b", str(batch), "--arena-mb", arena_flag(arena_mb),
+            *(a for il, e, rows, out in tests for a in ("--selftest", f"{il}:{e}:{rows}:{out}")),
             *(["--kernels", kernels] if kernels else [])]

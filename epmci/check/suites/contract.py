@@ -260,8 +260,8 @@ class ContractSuite:
     def selftest_range(self, ctx: CheckContext, name: str) -> CheckResult:
         L = ctx.facts.n_layer
         out = ctx.dir("contract-selftest") / "selftest.bin"
-        args = selftest_args(ctx.model_path, L, 0, 1, out, threads=1, ctx=ctx.cfg.engine.ctx, batch=ctx.cfg.run.batch,
-                             arena_mb=ctx.arena_mb())
+        args = selftest_args(ctx.model_path, [(L, 0, 1, out)], threads=1, ctx=ctx.cfg.engine.ctx,
+                             batch=ctx.cfg.run.batch, arena_mb=ctx.arena_mb())
         return self.refusal(ctx, name, args, [], why=f"--selftest {L}:0:1 (layer {L} of a {L}-layer model)")
 
     # -------------------------------------------------------------- the declaration
@@ -286,6 +286,8 @@ class ContractSuite:
                             f"(known: {', '.join(FEATURES)})")
         for f in ("selftest", "profile"):
             p.need(f not in caps.features or "pager" in caps.features, f"declares {f} without pager (it needs the pager)")
+        p.need("selftest_batch" not in caps.features or "selftest" in caps.features,
+               "declares selftest_batch without selftest (it needs the selftest)")
         problem = engine_for_model(caps, ctx.mf)
         p.need(problem is None, problem or "")
         p.props.update(caps.to_dict())

@@ -5,6 +5,10 @@ engine's default kernels and again on every kernel path it declares (`kernel_pat
 `--kernels P`), so a fault on a path the default does not take is caught on the runner (a
 path this CPU cannot run is a SKIP with the engine's line).
 
+One engine run per kernel path runs all its pairs when the engine declares selftest_batch
+(several --selftest in one process); otherwise one run per pair. Each pair is its own
+result either way, and a run that fails fails each of its pairs with its reason.
+
 Catches: a wrong dequantization or dot product for one quant type (e.g. a Q6_K scale), an
 expert read from the wrong offset or with the wrong length (the slot's sha256 is compared
 with the file's bytes, and the culprit expert is named when found).
@@ -52,28 +56,46 @@ class KernelSuite:
 
     def plan(self, ctx: CheckContext) -> list[Task | CheckResult]:
         out: list[Task | CheckResult] = []
+        pairs = []
         for il, e in self.pairs(ctx):
             if not (0 <= il < ctx.facts.n_layer and 0 <= e < ctx.facts.n_expert):
                 out.append(CheckResult(NAME, f"L{il} E{e}", FAIL, f"kernel.pairs: ({il}, {e}) is not in the model "
                                        f"({ctx.facts.n_layer} layers x {ctx.facts.n_expert} experts)"))
-                continue
-            for path in kernel_paths(ctx):
-                name = f"L{il} E{e}{path_suffix(path)}"
-                out.append(Task(NAME, name, lambda il=il, e=e, name=name, path=path:
-                                [self.check(ctx, il, e, name, path)], names=[name], cost=1.0))
+            else:
+                pairs.append((il, e))
+        # one engine run per kernel path when the engine takes several --selftest (an engine
+        # start is most of a selftest's time), else one per pair; each pair is its own result
+        batched = ctx.engine.has("selftest_batch")
+        for path in kernel_paths(ctx):
+            for group in ([pairs] if batched and pairs else [[p] for p in pairs]):
+                names = [f"L{il} E{e}{path_suffix(path)}" for il, e in group]
+                out.append(Task(NAME, names[0] if len(names) == 1 else f"{len(names)} pairs{path_suffix(path)}",
+                                lambda group=group, path=path: self.check(ctx, group, path), names=names,
+                                cost=float(len(group))))
         return out
 
-    def check(self, ctx: CheckContext, il: int, e: int, name: str, path: str | None = None) -> CheckResult:
+    def check(self, ctx: CheckContext, group: list[tuple[int, int]], path: str | None) -> list[CheckResult]:
+        """One engine run of the group's selftests; a failed run fails every pair of it, with
+        its reason."""
+        rows = ctx.cfg.kernel.rows
+        names = [f"L{il} E{e}{path_suffix(path)}" for il, e in group]
+        d = ctx.dir("kernel" + (f"-{path}" if path else "") + (f"-L{group[0][0]}-E{group[0][1]}" if len(group) == 1 else ""))
+        tests = [(il, e, rows, d / f"selftest-L{il}-E{e}.bin") for il, e in group]
+        run = ctx.run_selftest(f"kernel {names[0] if len(names) == 1 else f'{len(names)} pairs{path_suffix(path)}'}",
+                               tests, d, kernels=path)
+        refused = path_refused(NAME, names, run, path, ctx)
+        if refused:
+            return refused
+        if not run.ok:
+            return run_failed(NAME, names, run)
+        return [self.compare(ctx, il, e, name, path, run, out, run.seconds / len(group))
+                for (il, e, _, out), name in zip(tests, names)]
+
+    def compare(self, ctx: CheckContext, il: int, e: int, name: str, path: str | None, run, out,
+                run_seconds: float) -> CheckResult:
+        """Pair (il, e)'s selftest output against the file's bytes and the reference expert."""
         rows = ctx.cfg.kernel.rows
         tol = ctx.cfg.kernel.tolerance
-        d = ctx.dir(f"kernel-L{il}-E{e}" + (f"-{path}" if path else ""))
-        out = d / "selftest.bin"
-        run = ctx.run_selftest(f"kernel {name}", il, e, rows, out, kernels=path)
-        refused = path_refused(NAME, [name], run, path, ctx)
-        if refused:
-            return refused[0]
-        if not run.ok:
-            return run_failed(NAME, [name], run)[0]
         t0 = time.perf_counter()
         facts = ctx.facts
         where = f"L{il} E{e} ({facts.describe_layer(il)})"
@@ -82,7 +104,7 @@ class KernelSuite:
                  "kernels": path or "default"}
 
         def result(status: str, msg: str) -> CheckResult:
-            return CheckResult(NAME, name, status, msg, props, run.seconds + time.perf_counter() - t0,
+            return CheckResult(NAME, name, status, msg, props, run_seconds + time.perf_counter() - t0,
                                run.stderr_tail(), f"command: {run.command_line()}")
 
         if run.slot_errors:
@@ -107,7 +129,6 @@ class KernelSuite:
         if problems:
             return result(FAIL, f"{where}: " + "; ".join(problems))
         return result(PASS, f"{where}: slot bytes match the file, output {diff.text(tol)}")
-
 
     @staticmethod
     def what_the_slot_holds(ctx: CheckContext, il: int, e: int, sha: bytes) -> tuple[str, str]:
