@@ -239,9 +239,10 @@ def main() -> int:
     arena_mb = None if a.engine_arena else int(cap.limit * a.arena_fraction / 2**20)
     try:
         import llama_cpp  # noqa: F401
-        have_llama = not a.no_llama
+        llama_missing = "skipped (--no-llama)" if a.no_llama else ""
     except ImportError:
-        have_llama = False
+        llama_missing = "not installed"
+    have_llama = not llama_missing
     # prefetch off too: layer-ahead predictions that miss read bytes nobody uses, which
     # matters most when the disk is the bottleneck
     engines = {"engine": Row([], {}), "engine --no-prefetch": Row(["--no-prefetch"], {})}
@@ -302,8 +303,8 @@ def main() -> int:
     med = {}
     for name, rs in runs.items():
         ok = [r for r in rs if "tok_s" in r]
-        if not rs:
-            print(f"| {name} | not installed | | | | | | | | |")
+        if not rs:   # only llama.cpp's rows run nothing
+            print(f"| {name} | {llama_missing} | | | | | | | | |")
             continue
         if not ok:
             print(f"| {name} | failed: {rs[0]['error'][:60]} | 0/{len(rs)} | | | | | | | "
