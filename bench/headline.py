@@ -13,7 +13,7 @@ the table can be re-rendered or compared.
 Usage: python bench/headline.py [--model PATH | --preset bench] [--repeat 3] [--n-predict 16]
                                 [--threads 2] [--cap-fraction 0.333 | --cap-mb 8192]
                                 [--arena-fraction 0.55 | --engine-arena] [--out results/headline.json]
-                                [--resident-too] [--buffered-too] [--ref GIT_REF] [--no-llama]
+                                [--resident-too] [--buffered-too] [--ref GIT_REF] [--no-llama] [--belady]
 
 --cap-mb sets the cap itself (the production case: `--preset prod35-full --cap-mb 8192
 --engine-arena`, the engine choosing its arena from --ram-budget-mb = the cap). Each run's
@@ -21,6 +21,10 @@ row reports the share of decode spent waiting for reads, and the table ends with
 disk's own limit for the engine's reads: expert-sized O_DIRECT reads of the model, from as
 many threads as the engine's readers, after the page cache is dropped -- MB/s and the
 decode tok/s it allows at the engine's MiB per token.
+
+--belady adds one untimed run of each paged engine row with its MoE dump (SDQ_MOE_DUMP): the
+decode hit rate Belady's MIN gets on that run's own lookups with its slots -- the ceiling of
+any eviction policy without prefetch -- beside the run's own hit rate.
 
 --resident-too, --buffered-too and --ref add rows to the same interleaved run: the engine
 (`--no-pager`) and llama.cpp with the whole file in memory (no limit; the file read into the
@@ -47,7 +51,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from epmci.contract.bundled import ARGV as BUNDLED_ARGV  # noqa: E402
-from epmci.contract.outputs import read_stats  # noqa: E402
+from epmci.contract.outputs import prompt_tokens, read_stats  # noqa: E402
 from epmci.contract.process import drop_page_cache  # noqa: E402
 from epmci.contract.runspec import STATS_FILE, RunSpec  # noqa: E402
 from epmci.perf.speed import disk_mib_s  # noqa: E402
@@ -134,15 +138,38 @@ def warm_page_cache(cgroup: MemoryCap, model: str) -> None:
     subprocess.run(["cat", model], stdout=subprocess.DEVNULL, check=True, preexec_fn=cgroup.join)
 
 
-def engine_run(cap, model, a, row: Row, arena_mb: int | None) -> dict:
+def belady_hit_rate(model: str, dump_prefix: Path, stats: list[dict]) -> float:
+    """The decode hit rate Belady's MIN gets on a paged run's own lookups (its MoE dump) with
+    its slots: what no eviction policy can beat without prefetch."""
+    from paging import belady_decode_hit_rate   # bench/paging.py (imports the engine)
+
+    from epmci.check.routing import dumped_lookups
+    from epmci.gguf.facts import ModelFacts
+    from epmci.gguf.file import ModelFile
+    facts = ModelFacts.of(ModelFile(model), 4096)   # the engine's slots: 4 KiB-aligned windows
+    lookups, _ = dumped_lookups(facts, dump_prefix, prompt_tokens(stats))
+    phases = [lk.phase for lk in lookups]
+    return belady_decode_hit_rate({
+        "trace": [(lk.layer, lk.experts) for lk in lookups], "class_of_layer": facts.class_of_layers(False),
+        "n_slots": [int(stats[0].get("n_slots_small", 0)), int(stats[0].get("n_slots_large", 0))],
+        "decode_start": phases.index("decode") if "decode" in phases else len(phases)})
+
+
+def engine_run(cap, model, a, row: Row, arena_mb: int | None, belady: bool = False) -> dict:
+    """One run of a row; with `belady` (paged rows) its MoE dump too, for Belady's MIN."""
     with tempfile.TemporaryDirectory() as td:
         spec = RunSpec(PROMPT, n_predict=a.n_predict, threads=a.threads, batch=8, ctx=ENGINE_CTX, dump_logits=False,
                        pager=not row.resident, arena_mb=None if row.resident else arena_mb,
                        ram_budget_mb=None if row.resident else cap.limit // 2**20)
-        r = run_capped(cap, [*BUNDLED_ARGV, *spec.args(model, Path(td)), *row.extra], a.timeout, row.env, row.cwd)
+        env = {**row.env, **({"SDQ_MOE_DUMP": str(Path(td) / "moe")} if belady else {})}
+        r = run_capped(cap, [*BUNDLED_ARGV, *spec.args(model, Path(td)), *row.extra], a.timeout, env, row.cwd)
         if r.returncode != 0:
             return {"error": f"exit {r.returncode}: {r.stderr.strip()[-300:]}", **cap.stats()}
-        dec = {s["phase"]: s for s in read_stats(Path(td) / STATS_FILE)}["decode"]
+        stats = read_stats(Path(td) / STATS_FILE)
+        if belady:
+            return {"belady_hit_rate": belady_hit_rate(model, Path(td) / "moe", stats),
+                    "hit_rate": {s["phase"]: s for s in stats}["decode"]["hit_rate"]}
+        dec = {s["phase"]: s for s in stats}["decode"]
         if row.resident:  # no pager: the paging counters are all 0 and say nothing
             return {"tok_s": dec["tok_s"], "peak_rss_mb": dec["peak_rss_mb"], **cap.stats()}
         return {"tok_s": dec["tok_s"], "hit_rate": dec["hit_rate"],
@@ -224,6 +251,9 @@ def main() -> int:
     ap.add_argument("--ref", help="also run both engine rows with the engine of this git ref (a temporary "
                                   "worktree; its numba cache is warmed up outside the cap first)")
     ap.add_argument("--no-llama", action="store_true", help="skip llama.cpp even when it is installed")
+    ap.add_argument("--belady", action="store_true",
+                    help="one more run of each paged engine row, with its MoE dump: the decode hit rate of "
+                         "Belady's MIN on its own lookups and slots (not timed)")
     a = ap.parse_args()
     if not CGROUP_ROOT.is_dir() or os.geteuid() != 0:
         die("needs root and the cgroup-v1 memory controller at /sys/fs/cgroup/memory")
@@ -281,6 +311,9 @@ def main() -> int:
                 print(f"[{i + 1}/{a.repeat}] {name} {runs[name][-1]}", file=sys.stderr)
             disks.append(disk_mib_s(a.model, a.io_threads, n_reads=256, seed=i))   # the disk varies too: in every round
             print(f"[{i + 1}/{a.repeat}] disk {disks[-1]['mb_per_s']:.0f} MiB/s", file=sys.stderr)
+        # the routing and the counters are the same in every run: one dumped run per paged row
+        belady = {name: engine_run(cgroup_for(False), a.model, a, row, arena_mb, belady=True)
+                  for name, row in engines.items() if a.belady and not row.resident}
     finally:
         drop_page_cache(a.model)   # the resident cgroup holds the file's pages until they go
         cap.close()
@@ -321,6 +354,10 @@ def main() -> int:
         print(f"| {name} | {med[name]:.2f} | {len(ok)}/{len(rs)} | {'' if hit is None else f'{hit:.1f} %'} "
               f"| {'' if mbt is None else f'{mbt:.1f}'} | {wait} | {limit} | {pf} | {direct} "
               f"| {max(r['max_usage_mb'] for r in ok):.0f} |")
+    for name, b in belady.items():
+        print(f"Belady's MIN on {name}'s lookups and slots: decode hit rate "
+              + (f"{b['belady_hit_rate']:.1f} % (the run: {b['hit_rate']:.1f} %)" if "belady_hit_rate" in b
+                 else f"not known, the dumped run failed: {b['error'][:80]}"))
     print()
     for llama in (name for name in llamas if name in med):
         for name in (name for name in engines if name in med):
@@ -328,6 +365,7 @@ def main() -> int:
     if a.out:
         write_json(a.out, {"model": a.model, "file_bytes": size, "cap_bytes": cap.limit, "arena_mb": arena_mb,
                            "threads": a.threads, "n_predict": a.n_predict, "runs": runs, "median_tok_s": med,
+                           "belady": belady,
                            "disk": disk})
     return 0
 

@@ -70,6 +70,9 @@ def one_run(model: str, arena_mb: float | None, env: dict, threads: int, n_predi
 
 
 def belady_decode_hit_rate(run: dict) -> float:
+    """The decode hit rate of Belady's MIN on a run's lookups (`trace`: (layer, experts) in
+    run order, decode from `decode_start`) with its slots (`n_slots` per class of
+    `class_of_layer`)."""
     flags = simulate_belady(run["trace"], run["class_of_layer"], run["n_slots"])
     dec = [f for g in flags[run["decode_start"]:] for f in g]
     return 100.0 * sum(dec) / len(dec) if dec else 0.0

@@ -1,0 +1,48 @@
+"""bench/headline.py's Belady column: the decode hit rate of Belady's MIN on a paged run's own
+lookups (from its MoE dump) with its slots is what no eviction policy beats -- at least the
+hit rate of the engine's own LRU without prefetch on the same run, and the in-process trace's
+MIN (bench/paging.py) to the digit."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+sys.path.insert(0, str(BENCH))
+import headline  # noqa: E402
+import paging  # noqa: E402
+
+from engine.paging.config import PagerConfig  # noqa: E402
+from engine.runtime import Engine, Options  # noqa: E402
+from epmci.contract.bundled import ARGV  # noqa: E402
+from epmci.contract.outputs import read_stats  # noqa: E402
+from epmci.contract.runspec import STATS_FILE, RunSpec  # noqa: E402
+
+
+def test_belady_from_the_dump_is_the_ceiling_of_lru_and_the_in_process_trace_s(ci_model, tmp_path):
+    arena = 20.0   # MiB: about a sixth of the ci model's experts, so LRU misses often
+    spec = RunSpec(headline.PROMPT, n_predict=12, threads=1, batch=8, ctx=headline.ENGINE_CTX, dump_logits=False,
+                   arena_mb=arena, chat=False)
+    r = subprocess.run([*ARGV, *spec.args(str(ci_model), tmp_path), "--no-prefetch"], capture_output=True, text=True,
+                       env={**os.environ, "SDQ_MOE_DUMP": str(tmp_path / "moe")}, timeout=300)
+    assert r.returncode == 0, r.stderr
+    stats = read_stats(tmp_path / STATS_FILE)
+    lru = {s["phase"]: s for s in stats}["decode"]["hit_rate"]
+    best = headline.belady_hit_rate(str(ci_model), tmp_path / "moe", stats)
+    assert lru < best <= 100.0, (lru, best)
+
+    # the same run in-process, its lookups taken from the pager itself
+    eng = Engine(str(ci_model), Options(n_ctx=headline.ENGINE_CTX, threads=1, batch=8, pager_config=PagerConfig.from_env(
+        arena_mb=arena, prefetch=False, env={})))
+    try:
+        p = eng.experts
+        p.trace, mark = [], []
+        eng.generate(eng.encode_prompt(headline.PROMPT, chat=False), 12,
+                     on_token=lambda t: mark.append(len(p.trace)) if not mark else None)
+        run = dict(trace=p.trace, decode_start=mark[0], n_slots=p.plan.n_slots, class_of_layer=p.plan.class_of_layer)
+        assert round(paging.belady_decode_hit_rate(run), 6) == round(best, 6)
+    finally:
+        eng.close()
