@@ -51,7 +51,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from epmci.contract.bundled import ARGV as BUNDLED_ARGV  # noqa: E402
-from epmci.contract.outputs import prompt_tokens, read_stats  # noqa: E402
+from epmci.contract.outputs import ContractError, prompt_tokens, read_stats  # noqa: E402
 from epmci.contract.process import drop_page_cache  # noqa: E402
 from epmci.contract.runspec import STATS_FILE, RunSpec  # noqa: E402
 from epmci.perf.speed import disk_mib_s  # noqa: E402
@@ -166,9 +166,12 @@ def engine_run(cap, model, a, row: Row, arena_mb: int | None, belady: bool = Fal
         if r.returncode != 0:
             return {"error": f"exit {r.returncode}: {r.stderr.strip()[-300:]}", **cap.stats()}
         stats = read_stats(Path(td) / STATS_FILE)
-        if belady:
-            return {"belady_hit_rate": belady_hit_rate(model, Path(td) / "moe", stats),
-                    "hit_rate": {s["phase"]: s for s in stats}["decode"]["hit_rate"]}
+        if belady:   # a dump that cannot be read loses this figure, not the timed rounds
+            try:
+                return {"belady_hit_rate": belady_hit_rate(model, Path(td) / "moe", stats),
+                        "hit_rate": {s["phase"]: s for s in stats}["decode"]["hit_rate"]}
+            except ContractError as e:
+                return {"error": f"its MoE dump: {e}"}
         dec = {s["phase"]: s for s in stats}["decode"]
         if row.resident:  # no pager: the paging counters are all 0 and say nothing
             return {"tok_s": dec["tok_s"], "peak_rss_mb": dec["peak_rss_mb"], **cap.stats()}

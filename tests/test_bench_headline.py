@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 sys.path.insert(0, str(BENCH))
 import headline  # noqa: E402
@@ -18,7 +20,7 @@ import paging  # noqa: E402
 from engine.paging.config import PagerConfig  # noqa: E402
 from engine.runtime import Engine, Options  # noqa: E402
 from epmci.contract.bundled import ARGV  # noqa: E402
-from epmci.contract.outputs import read_stats  # noqa: E402
+from epmci.contract.outputs import ContractError, read_stats  # noqa: E402
 from epmci.contract.runspec import STATS_FILE, RunSpec  # noqa: E402
 
 
@@ -33,6 +35,8 @@ def test_belady_from_the_dump_is_the_ceiling_of_lru_and_the_in_process_trace_s(c
     lru = {s["phase"]: s for s in stats}["decode"]["hit_rate"]
     best = headline.belady_hit_rate(str(ci_model), tmp_path / "moe", stats)
     assert lru < best <= 100.0, (lru, best)
+    with pytest.raises(ContractError):   # headline.engine_run reports it, keeping the timed rounds
+        headline.belady_hit_rate(str(ci_model), tmp_path / "no-such-dump", stats)
 
     # the same run in-process, its lookups taken from the pager itself
     eng = Engine(str(ci_model), Options(n_ctx=headline.ENGINE_CTX, threads=1, batch=8, pager_config=PagerConfig.from_env(
