@@ -17,8 +17,6 @@ sys.path.insert(0, str(BENCH))
 import headline  # noqa: E402
 import paging  # noqa: E402
 
-from engine.paging.config import PagerConfig  # noqa: E402
-from engine.runtime import Engine, Options  # noqa: E402
 from epmci.contract.bundled import ARGV  # noqa: E402
 from epmci.contract.outputs import ContractError, read_stats  # noqa: E402
 from epmci.contract.runspec import STATS_FILE, RunSpec  # noqa: E402
@@ -38,15 +36,7 @@ def test_belady_from_the_dump_is_the_ceiling_of_lru_and_the_in_process_trace_s(c
     with pytest.raises(ContractError):   # headline.engine_run reports it, keeping the timed rounds
         headline.belady_hit_rate(str(ci_model), tmp_path / "no-such-dump", stats)
 
-    # the same run in-process, its lookups taken from the pager itself
-    eng = Engine(str(ci_model), Options(n_ctx=headline.ENGINE_CTX, threads=1, batch=8, pager_config=PagerConfig.from_env(
-        arena_mb=arena, prefetch=False, env={})))
-    try:
-        p = eng.experts
-        p.trace, mark = [], []
-        eng.generate(eng.encode_prompt(headline.PROMPT, chat=False), 12,
-                     on_token=lambda t: mark.append(len(p.trace)) if not mark else None)
-        run = dict(trace=p.trace, decode_start=mark[0], n_slots=p.plan.n_slots, class_of_layer=p.plan.class_of_layer)
-        assert round(paging.belady_decode_hit_rate(run), 6) == round(best, 6)
-    finally:
-        eng.close()
+    # the same run in-process (bench/paging.py's run), its lookups taken from the pager itself
+    run = paging.one_run(str(ci_model), arena, {"SDQ_PREFETCH": "0"}, 1, 12)
+    assert run["decode"]["hit_rate"] == lru
+    assert round(paging.belady_decode_hit_rate(run), 6) == round(best, 6)

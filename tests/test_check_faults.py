@@ -215,6 +215,27 @@ def test_a_crash_in_a_batched_selftest_run_fails_every_pair_with_its_reason(tmp_
         assert r["details"].count("--selftest") == 2, r["details"]
 
 
+def test_a_batched_selftest_computed_from_the_previous_ones_slot_is_caught(tmp_path, tiny_model):
+    """A fault only a batch can have: after the first selftest of the run the engine reads no
+    more experts and computes each later one from the slot it already has (stale state
+    carried between selftests). The later pair fails naming whose bytes it got; the first
+    passes."""
+    cmd = broken_engine(tmp_path, """
+        import engine.paging.pager as P
+        _load, _first = P.Pager.load_slot, []
+        def load_slot(self, il, e):
+            if not _first:
+                _first.append(_load(self, il, e))
+            return _first[0]
+        P.Pager.load_slot = load_slot
+    """)
+    rc, rep = run_check(tmp_path, tiny_model, cmd, "--suites", "kernel", "--set", "kernel.pairs=[[1, 1], [1, 2]]",
+                        "--set", "kernel.paths=[]")
+    assert rc == 1 and statuses(rep, "kernel") == {"L1 E1": "pass", "L1 E2": "fail"}, statuses(rep, "kernel")
+    bad = results(rep, "kernel")[1]
+    assert "slot bytes differ" in bad["message"] and "holds the bytes of L1 E1" in bad["message"], bad["message"]
+
+
 def test_an_engine_without_selftest_batch_is_given_one_selftest_per_run(tmp_path, tiny_model):
     """An engine that does not declare selftest_batch (and refuses a second --selftest) gets
     one run per pair, and passes."""

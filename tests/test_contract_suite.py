@@ -97,6 +97,16 @@ def test_the_bundled_engine_speaks_the_contract(tmp_path, tiny_model):
         import engine.contract_info as CI
         CI.FEATURES = tuple(f for f in CI.FEATURES if f != "pager")
     """, "flags of undeclared features", "--arena-mb (feature pager, not declared): exit 2 expected"),
+    # declares several selftests per run but no selftest at all
+    ("""
+        import engine.contract_info as CI
+        CI.FEATURES = tuple(f for f in CI.FEATURES if f != "selftest")
+    """, "contract-info", "declares selftest_batch without selftest"),
+    # declares the selftest but no pager, which it needs
+    ("""
+        import engine.contract_info as CI
+        CI.FEATURES = tuple(f for f in CI.FEATURES if f != "pager")
+    """, "contract-info", "declares selftest without pager"),
     # paced, it numbers its steps from 0
     ("""
         good = engine.cli.Pacer._send
