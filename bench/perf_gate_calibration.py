@@ -127,10 +127,10 @@ from engine.paging import expert_io
 DELAY, EVERY = {delay!r}, {every!r}   # seconds of extra latency on every EVERY-th expert read
 _submit = expert_io.ExpertIO.submit
 _reads = itertools.count(1)
-def submit(self, ranges, defer=False):
+def submit(self, ranges, *args, **kw):
     if next(_reads) % EVERY == 0:
         time.sleep(DELAY)  # on the thread that issues the read: the pager waits, the CPU does not work
-    return _submit(self, ranges, defer)
+    return _submit(self, ranges, *args, **kw)
 expert_io.ExpertIO.submit = submit
 sys.exit(engine.cli.main())
 """

@@ -343,10 +343,10 @@ FAULT_SET: dict[str, Fault] = {
     "serial reads put the up part's bytes into down": Fault("""
         import engine.paging.expert_io as IO
         good = IO.ExpertIO.submit
-        def submit(self, ranges, defer=False):
+        def submit(self, ranges, *args, **kw):
             if not self.parallel and len(ranges) == 3:
                 ranges = [ranges[0], ranges[1], (ranges[1][0], ranges[2][1], ranges[2][2], ranges[2][3])]
-            return good(self, ranges, defer)
+            return good(self, ranges, *args, **kw)
         IO.ExpertIO.submit = submit
     """, "switch branch"),
     "exact reads miss each part's last 32 bytes": Fault("""

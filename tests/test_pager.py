@@ -450,6 +450,55 @@ def test_expert_io_direct_when_aligned_else_buffered(tmp_path):
         io.close()
 
 
+def test_expert_io_starts_the_reads_needed_soonest_first(tmp_path):
+    """A layer's misses go before the next layer's prefetches queued a moment earlier (the
+    computation waits for the misses); among reads due at once, first come first served."""
+    import threading
+    f = tmp_path / "blob.bin"
+    f.write_bytes(bytes(range(256)) * 64)
+    io = expert_io.ExpertIO(f, threads=1, parallel=True, direct=False)
+    started, hold = [], threading.Event()
+    real = io._read
+
+    def read(offset, length, dest, addr):
+        if not started:
+            hold.wait(10)   # the one reader is busy while the rest queue up
+        started.append(offset)
+        real(offset, length, dest, addr)
+    io._read = read
+    buf = bytearray(16)
+    mv = memoryview(buf)
+    try:
+        first = io.submit([(0, 1, mv[0:1], 0)])
+        hs = [io.submit([(off, 1, mv[i + 1:i + 2], 0)], defer=True, due=due)
+              for i, (off, due) in enumerate([(10, (3, 5)), (20, (3, 4)), (30, (3, 5)), (40, (2, 9)), (50, (3, 4))])]
+        io.flush()
+        hold.set()
+        for h in [first, *hs]:
+            h.wait()
+    finally:
+        io.close()
+    assert started == [0, 40, 20, 50, 10, 30]
+
+
+def test_the_pager_dates_each_read_by_the_layer_that_needs_it(ci, sizes, monkeypatch):
+    """Misses are due at their own layer, prefetches at the layer they were predicted for,
+    both in the current micro-batch: so a layer's misses start before later layers' prefetches."""
+    dues = []
+    real = expert_io.ExpertIO.submit
+
+    def submit(self, ranges, defer=False, due=()):
+        dues.append(due)
+        return real(self, ranges, defer, due)
+    monkeypatch.setattr(expert_io.ExpertIO, "submit", submit)
+    r = run(ci, arena(sizes, 0.15), {}, n_predict=3)
+    reads = [(kind, key) for kind, key in r.read_log if kind in ("miss", "prefetch")]
+    assert len(dues) == len(reads) and {kind for kind, _ in reads} == {"miss", "prefetch"}
+    assert all(due[1] == key[0] for due, (_, key) in zip(dues, reads))
+    clocks = [due[0] for due in dues]
+    assert clocks == sorted(clocks) and len(set(clocks)) > 1
+
+
 @pytest.mark.parametrize("offset,stride,n_expert,file_size,direct,want", [
     (2496, 73728, 64, 10**9, True, (2496, 77824)),    # whole pages, misaligned: one page more
     (2496, 73728, 64, 10**9, False, (0, 73728)),      # SDQ_DIRECT_IO=0: exact

@@ -7,6 +7,11 @@ threads run concurrently, otherwise one task reading them one after another. `su
 returns a ReadHandle; `wait` blocks until every range is in place and reports the time
 spent waiting.
 
+Reads start in the order of their `due` (when the computation needs them: the pager
+passes (micro-batch, layer)), first come first served among equals. In plain arrival
+order a layer's misses queued behind the next layer's prefetches, issued a moment
+earlier, and the computation waited for reads it did not need yet.
+
 * `os.preadv` straight into the destination (an arena slot or a transient buffer): no copy.
 * O_DIRECT when the file offset, the length and the destination address are all
   multiples of 4096 and the file system accepts it (the arena's aligned windows,
@@ -17,10 +22,11 @@ spent waiting.
 
 from __future__ import annotations
 
+import itertools
 import os
+import queue
 import threading
 import time
-import queue
 
 DIRECT_ALIGN = 4096
 
@@ -82,7 +88,8 @@ class ExpertIO:
         # branch events, counted at submit on the main thread (exact, whatever the timing):
         # expert reads one task reads range after range, ranges dropped from the page cache
         self.serial_reads = self.fadvise_ranges = 0
-        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._q: queue.PriorityQueue = queue.PriorityQueue()   # (due, arrival, task)
+        self._arrival = itertools.count()
         self._batch: list = []   # submitted, not yet handed to the readers (main thread only)
         self._threads = [threading.Thread(target=self._worker, name=f"epm-io-{i}", daemon=True)
                          for i in range(max(1, int(threads)))]
@@ -92,18 +99,20 @@ class ExpertIO:
 
     # ------------------------------------------------------------ submit
 
-    def submit(self, ranges: list[tuple[int, int, memoryview, int]], defer: bool = False) -> ReadHandle:
-        """ranges: (file offset, length, destination memoryview, destination address).
+    def submit(self, ranges: list[tuple[int, int, memoryview, int]], defer: bool = False,
+               due: tuple[int, ...] = ()) -> ReadHandle:
+        """ranges: (file offset, length, destination memoryview, destination address);
+        due: when the read is needed (the queue's order; smaller first).
 
         defer=True holds the read back until `flush()`, so the caller can finish its
         decisions for a whole layer before reader threads wake up and compete for the CPU.
         Never wait on a deferred handle before flushing."""
         if self.parallel:
             h = ReadHandle(len(ranges))
-            self._batch.extend((h, (r,)) for r in ranges)
+            self._batch.extend((due, next(self._arrival), (h, (r,))) for r in ranges)
         else:
             h = ReadHandle(1)
-            self._batch.append((h, tuple(ranges)))
+            self._batch.append((due, next(self._arrival), (h, tuple(ranges))))
             self.serial_reads += 1
         if self.fadvise_dontneed:
             self.fadvise_ranges += len(ranges)
@@ -120,10 +129,10 @@ class ExpertIO:
 
     def _worker(self) -> None:
         while True:
-            item = self._q.get()
-            if item is None:
+            _, _, task = self._q.get()
+            if task is None:
                 return
-            h, ranges = item
+            h, ranges = task
             err = None
             try:
                 for r in ranges:
@@ -175,8 +184,8 @@ class ExpertIO:
             return
         self._closed = True
         self.flush()
-        for _ in self._threads:
-            self._q.put(None)
+        for _ in self._threads:   # after every read already queued
+            self._q.put(((float("inf"),), next(self._arrival), None))
         for t in self._threads:
             t.join()
         for fd in self._fds:

@@ -183,14 +183,15 @@ class Pager:
             self._wait(h)
         off = self.arena.slot_offset[slot]
         mem = self.arena.slot_memoryview(slot, 0, size)
-        self.slot_read[slot] = self.io.submit(self._ranges(key, self._arena_addr + off, mem), defer=True)
+        self.slot_read[slot] = self.io.submit(self._ranges(key, self._arena_addr + off, mem), defer=True,
+                                              due=(self.clock, key[0]))
 
     def _read_transient(self, key: Key) -> None:
         layout = self.layouts[key[0]]
         raw = np.empty(layout.slot_bytes + ALIGN, dtype=np.uint8)
         pad = (-raw.ctypes.data) % ALIGN
         buf = raw[pad:pad + layout.slot_bytes]
-        h = self.io.submit(self._ranges(key, buf.ctypes.data, memoryview(buf)), defer=True)
+        h = self.io.submit(self._ranges(key, buf.ctypes.data, memoryview(buf)), defer=True, due=(self.clock, key[0]))
         self._transient[key] = (buf, h)
 
     def _views_of(self, layer: int, d: Decision):
