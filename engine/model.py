@@ -8,6 +8,7 @@ identical.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Protocol
 
 import numpy as np
@@ -19,13 +20,28 @@ from .kernels import Activation
 from .traces import MoETrace
 
 
+class ExpertViews(Protocol):
+    """fetch()'s answer: expert -> its (gate, up, down) byte views; indexing an expert whose
+    read is still under way waits for it, and `ready` says whether it would."""
+
+    def __getitem__(self, e: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+    def ready(self, e: int) -> bool: ...
+
+
+class InPlace(dict):
+    """ExpertViews of experts that need no read (the mapped file)."""
+
+    def ready(self, e: int) -> bool:
+        return True
+
+
 class ExpertStore(Protocol):
-    """Where expert bytes come from. `fetch` returns (gate, up, down) byte views per expert,
-    valid until `release`; `begin_layer` is the prefetch hook; `counters` are the exact
-    paging counters so far (docs/engine-contract.md; empty when nothing is paged)."""
+    """Where expert bytes come from. `fetch` returns the experts' views, valid until
+    `release`; `begin_layer` is the prefetch hook; `counters` are the exact paging counters
+    so far (docs/engine-contract.md; empty when nothing is paged)."""
 
     def begin_layer(self, il: int, x: np.ndarray) -> None: ...
-    def fetch(self, il: int, experts: list[int]) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]: ...
+    def fetch(self, il: int, experts: list[int]) -> ExpertViews: ...
     def release(self, il: int) -> None: ...
     def end_batch(self, n_tokens: int) -> None: ...
     def counters(self) -> dict: ...
@@ -151,24 +167,56 @@ class Model:
         return selected, (w / w.sum(axis=-1, keepdims=True, dtype=np.float32)).astype(np.float32)
 
     def moe(self, il: int, h: np.ndarray) -> np.ndarray:
+        return self.moe_output(self.moe_request(il, h))
+
+    def moe_request(self, il: int, h: np.ndarray) -> "RoutedRows":
+        """Route h's rows and ask the store for their experts: the reads of the missing ones
+        start now; moe_output waits for them."""
         selected, weights = self.route(il, h)
         experts = list(dict.fromkeys(selected.ravel().tolist()))  # first-use order
-        views = self.experts.fetch(il, experts)
+        return RoutedRows(il, h, selected, weights, experts, self.experts.fetch(il, experts))
+
+    def moe_output(self, r: "RoutedRows") -> np.ndarray:
+        """The routed experts' weighted sum for r's rows. The experts already in memory are
+        computed first, the rest once their reads land: each output row is computed alone,
+        so splitting the experts into two kernel calls changes no bit, and the first call
+        overlaps the reads."""
+        selected = r.selected
         # (row, slot) pairs grouped by expert in first-use order, row-major within one
         rank = np.empty(self.hp.n_expert, dtype=np.int64)
-        rank[experts] = np.arange(len(experts))
+        rank[r.experts] = np.arange(len(r.experts))
         ranks = rank[selected.ravel()]
         order = np.argsort(ranks, kind="stable")
-        rows_of = np.split(order // selected.shape[1], np.cumsum(np.bincount(ranks, minlength=len(experts)))[:-1])
-        ey = experts_ffn([views[e] for e in experts], self.expert_types(il), Activation(h), rows_of)
-        self.experts.release(il)
+        rows_of = np.split(order // selected.shape[1], np.cumsum(np.bincount(ranks, minlength=len(r.experts)))[:-1])
+        a, types = Activation(r.h), self.expert_types(r.il)
+        ready = [r.views.ready(e) for e in r.experts]
+        if all(ready) or not any(ready):
+            ey = experts_ffn([r.views[e] for e in r.experts], types, a, rows_of)
+        else:   # the experts in memory while the others are read, then those
+            starts = np.cumsum([0] + [len(rows) for rows in rows_of])
+            ey = np.empty((selected.size, self.hp.n_embd), np.float32)
+            for group in ([m for m, now in enumerate(ready) if now], [m for m, now in enumerate(ready) if not now]):
+                y = experts_ffn([r.views[r.experts[m]] for m in group], types, a, [rows_of[m] for m in group])
+                ey[np.concatenate([np.arange(starts[m], starts[m + 1]) for m in group])] = y
+        self.experts.release(r.il)
         at = np.empty(selected.size, dtype=np.int64)   # (row, slot) -> its row of ey
         at[order] = np.arange(selected.size)
         # weight each expert's output, then add them in selection order (as ggml does)
-        out = ops.combine_experts(ey, at.reshape(selected.shape), weights)
+        out = ops.combine_experts(ey, at.reshape(selected.shape), r.weights)
         if self.on_moe is not None:
-            self.on_moe(MoETrace(il, h, selected, weights, out))
+            self.on_moe(MoETrace(r.il, r.h, selected, r.weights, out))
         return out
+
+
+@dataclass
+class RoutedRows:
+    """A micro-batch's rows at one layer's MoE: their experts chosen, the reads asked for."""
+    il: int
+    h: np.ndarray
+    selected: np.ndarray     # (rows, n_expert_used) expert ids, in selection order
+    weights: np.ndarray      # (rows, n_expert_used) their renormalized weights
+    experts: list[int]       # the distinct experts, in first-use order
+    views: ExpertViews
 
 
 class ResidentExperts:
@@ -190,7 +238,7 @@ class ResidentExperts:
 
     def fetch(self, il: int, experts: list[int]):
         g, u, d = self.parts[il]
-        return {e: (g[e], u[e], d[e]) for e in experts}
+        return InPlace((e, (g[e], u[e], d[e])) for e in experts)
 
     def release(self, il: int) -> None:
         pass

@@ -140,10 +140,12 @@ class Qwen35Model(Model):
                 a = self._mm(b + "attn_output.weight", attn * sigmoid(qg[:, :, 1].reshape(n, H * D)))
             x = (a + x).astype(F32)
 
-            # routed experts (paged) + shared expert (resident, behind a sigmoid gate)
+            # routed experts (paged) + shared expert (resident, behind a sigmoid gate),
+            # the shared one computed while the routed experts' reads are under way
             u = rms_norm(x, self._vec(b + "post_attention_norm.weight"), eps)
+            routed = self.moe_request(il, u)
             self._shared_out = self.shared_expert(il, u)
-            x = ((self.moe(il, u) + self._shared_out) + x).astype(F32)
+            x = ((self.moe_output(routed) + self._shared_out) + x).astype(F32)
 
         self.experts.end_batch(n)
         self.n_past += n

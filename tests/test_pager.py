@@ -245,6 +245,38 @@ def test_counters_do_not_depend_on_io_timing(ci, sizes, resident, monkeypatch):
     assert sum(r["io_wait_s"] for r in slow_run.records) > 0
 
 
+def test_experts_in_memory_are_computed_while_the_others_are_read(ci, sizes, resident, monkeypatch):
+    """A layer with hits and misses computes its hits first, then the misses once read (the
+    first kernel call overlaps the reads): the same logits as the resident run."""
+    import engine.model as M
+    real_read, real_ffn, real_output = expert_io.ExpertIO._pread_all, M.experts_ffn, M.Model.moe_output
+    calls, groups = [], []   # experts per kernel call; per paged layer lookup, its calls
+
+    def slow(fd, offset, length, dest):
+        import time
+        time.sleep(0.002)
+        real_read(fd, offset, length, dest)
+
+    def ffn(parts, types, a, rows_of):
+        calls.append(len(parts))
+        return real_ffn(parts, types, a, rows_of)
+
+    def output(self, r):
+        first = len(calls)
+        out = real_output(self, r)
+        if not isinstance(r.views, M.InPlace):   # not the start-up warm-up's
+            groups.append(calls[first:])
+        return out
+    monkeypatch.setattr(expert_io.ExpertIO, "_pread_all", staticmethod(slow))
+    monkeypatch.setattr(M, "experts_ffn", ffn)
+    monkeypatch.setattr(M.Model, "moe_output", output)
+    r = run(ci, arena(sizes, 0.15), NOPF)
+    assert r.logits.tobytes() == resident.logits.tobytes()
+    assert [sum(g) for g in groups] == [len(experts) for _, experts in r.routing]
+    # one call when every expert was in memory or none was, two otherwise
+    assert {len(g) for g in groups} == {1, 2}
+
+
 def _reference_lru(routing, n_slots, class_of_layer):
     """The contract's cache policy (epmci's independent model) on this run's routing:
     hits, and the misses in the order they must be read."""

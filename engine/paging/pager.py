@@ -41,7 +41,8 @@ def slot_error(msg: str) -> RuntimeError:
 
 
 class _Views(Mapping):
-    """fetch()'s result: expert -> (gate, up, down); indexing waits for that expert's read."""
+    """fetch()'s result (engine.model.ExpertViews): expert -> (gate, up, down); indexing waits
+    for that expert's read, `ready` says whether it has landed."""
 
     def __init__(self, pager: "Pager", layer: int, decisions: list[Decision]):
         self._p, self._layer = pager, layer
@@ -49,6 +50,9 @@ class _Views(Mapping):
 
     def __getitem__(self, e):
         return self._p._views_of(self._layer, self._d[e])
+
+    def ready(self, e) -> bool:
+        return self._p._read_done(self._d[e])
 
     def __iter__(self):
         return iter(self._d)
@@ -193,6 +197,10 @@ class Pager:
         buf = raw[pad:pad + layout.slot_bytes]
         h = self.io.submit(self._ranges(key, buf.ctypes.data, memoryview(buf)), defer=True, due=(self.clock, key[0]))
         self._transient[key] = (buf, h)
+
+    def _read_done(self, d: Decision) -> bool:
+        h = self._transient[d.key][1] if d.slot < 0 else self.slot_read[d.slot]
+        return h is None or h.done
 
     def _views_of(self, layer: int, d: Decision):
         layout = self.layouts[layer]
