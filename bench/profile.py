@@ -28,13 +28,18 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 import engine.kernels as K  # noqa: E402
+import engine.deltanet as DN  # noqa: E402
 import engine.ops as O  # noqa: E402
+import engine.qwen35moe as Q  # noqa: E402
 from engine.qtypes import QTYPES  # noqa: E402
 from engine.runtime import Engine, Options  # noqa: E402
 from epmci.synth.store import make_model  # noqa: E402
 
 PROMPT = "Write a short paragraph about how mixture-of-experts models route tokens."
 OPS = ("rms_norm", "rms_norm_heads", "rope_neox", "attention_probs", "attention_values", "softmax", "swiglu")
+# qwen35moe's own ops, looked up in engine.qwen35moe's namespace and engine.deltanet's
+QWEN35_OPS = ("rms_norm", "rms_norm_heads", "l2_norm_heads", "sigmoid", "silu", "softplus")
+DELTANET_OPS = ("causal_conv", "gated_delta_rule")
 
 
 class Timers:
@@ -81,6 +86,10 @@ def instrument(eng: Engine, timers: Timers) -> None:
                                          quantized)
     for op in OPS:
         setattr(O, op, timers.wrap(op, getattr(O, op)))
+    for op in QWEN35_OPS:
+        setattr(Q, op, timers.wrap(f"qwen35 {op}", getattr(Q, op)))
+    for op in DELTANET_OPS:
+        setattr(DN, op, timers.wrap(f"deltanet {op}", getattr(DN, op)))
 
 
 def profile(model: str, threads: int, n_predict: int) -> dict:
@@ -126,6 +135,8 @@ def group(key: str) -> str:
         return {"ffn_gate_inp": "matmul router (F32)", "output": "matmul output head"}.get(role, "matmul attention q/k/v/o")
     if key.startswith("attention"):
         return "attention (probs, values)"
+    if key.startswith("deltanet"):
+        return "delta net (conv, recurrence)"
     if key.startswith("  of which"):
         return "  of which activation quantization"
     return "norms, RoPE, softmax, SwiGLU, embedding"
