@@ -9,15 +9,20 @@ Both run in parallel over independent outputs only (conv channels, value heads),
 thread count cannot change a bit. No FMA contraction (numba emits none without fastmath),
 every product rounded to float32 before it is added, as the C does.
 
-State layout (llama.cpp's, and the one the contract's state dump carries):
-conv (conv_dim, Kc-1): the last Kc-1 pre-conv inputs per channel, oldest first;
-ssm (V, ds, ds): ssm[j, m, i] = S_j[i][m] (i key, m value index: "stored transposed").
+State layout: conv (conv_dim, Kc-1), the last Kc-1 pre-conv inputs per channel, oldest
+first (llama.cpp's); ssm (V, ds, ds) kept as [j, i, m] = S_j[i][m] (i key, m value index).
+llama.cpp stores ssm transposed, [j, m, i], and so does the contract's state dump
+(engine/qwen35moe.py transposes a copy for it): each of S_j's sums runs over i in order, so
+the only vector direction is across m, and in llama.cpp's layout consecutive m are a row
+apart (the recurrence 1.6x faster at one token, 3x at 32, in this layout; docs/PERF.md).
 """
 
 from __future__ import annotations
 
 import numpy as np
 from numba import njit, prange
+
+_U = np.uint64   # an index numba does not wrap around (see engine/kernels.py)
 
 
 @njit(cache=True, parallel=True)
@@ -50,28 +55,40 @@ def gated_delta_rule(q, k, v, decay, beta, S, scale):
     j reads q/k head j % G (tiled, as llama.cpp's Qwen 3.5: iq1 = iv1 % neq1).
 
     q, k (n, G, ds) l2-normed; v (n, V, ds); decay = expf(g) and beta (n, V); S (V, ds, ds)
-    as [j, m, i], updated in place; scale = 1/sqrtf(ds). Per token and row m of S_j:
-    S[m] *= decay; delta = (v[m] - sum_i S[m][i] k[i]) * beta; S[m][i] += k[i] * delta;
-    o[m] = (sum_i S[m][i] q[i]) * scale -- each sum float32 products accumulated in double in
-    element order (scalar ggml_vec_dot_f32). Row m's update reads only row m, so each row is
-    finished before the next. Returns o (n, V, ds)."""
+    as [j, i, m], updated in place; scale = 1/sqrtf(ds). Per token and value index m:
+    S[.][m] *= decay; delta[m] = (v[m] - sum_i S[i][m] k[i]) * beta; S[i][m] += k[i] * delta[m];
+    o[m] = (sum_i S[i][m] q[i]) * scale -- each sum float32 products accumulated in double in
+    key order i = 0, 1, ... (scalar ggml_vec_dot_f32). The sums of different m are
+    independent, so they run side by side, m as vector lanes. Returns o (n, V, ds)."""
     n, V, ds = v.shape
     G = q.shape[1]
     o = np.empty((n, V, ds), dtype=np.float32)
     for j in prange(V):
         g = j % G
+        acc = np.empty(ds, dtype=np.float64)
+        delta = np.empty(ds, dtype=np.float32)
         for t in range(n):
             e = decay[t, j]
             b = beta[t, j]
+            acc[:] = 0.0
+            for i in range(ds):
+                ki = k[t, g, i]
+                Si = S[j, i]
+                for m in range(ds):
+                    s = Si[_U(m)] * e
+                    Si[_U(m)] = s
+                    acc[_U(m)] += np.float64(s * ki)
             for m in range(ds):
-                acc = 0.0
-                for i in range(ds):
-                    S[j, m, i] = S[j, m, i] * e
-                    acc += np.float64(S[j, m, i] * k[t, g, i])
-                delta = np.float32(v[t, j, m] - np.float32(acc)) * b
-                acc = 0.0
-                for i in range(ds):
-                    S[j, m, i] = S[j, m, i] + k[t, g, i] * delta
-                    acc += np.float64(S[j, m, i] * q[t, g, i])
-                o[t, j, m] = np.float32(acc) * scale
+                delta[m] = np.float32(v[t, j, m] - np.float32(acc[m])) * b
+                acc[m] = 0.0
+            for i in range(ds):
+                ki = k[t, g, i]
+                qi = q[t, g, i]
+                Si = S[j, i]
+                for m in range(ds):
+                    s = Si[_U(m)] + ki * delta[_U(m)]
+                    Si[_U(m)] = s
+                    acc[_U(m)] += np.float64(s * qi)
+            for m in range(ds):
+                o[t, j, m] = np.float32(acc[m]) * scale
     return o

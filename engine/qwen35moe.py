@@ -68,6 +68,7 @@ class Qwen35Model(Model):
                               for il in range(hp.n_layer)]
         deltanets = [il for il in range(hp.n_layer) if hp.is_recurrent(il)]
         self.conv_state = {il: np.zeros((s.conv_dim, s.conv_kernel - 1), F32) for il in deltanets}
+        # [j, i, m] = S_j[i][m]; the trace carries llama.cpp's [j, m, i] (engine/deltanet.py)
         self.ssm_state = {il: np.zeros((s.time_step_rank, s.state_size, s.state_size), F32) for il in deltanets}
         self.on_state: Callable[[StateTrace], None] | None = None
 
@@ -119,7 +120,8 @@ class Qwen35Model(Model):
                 v = np.ascontiguousarray(y[:, 2 * kd:]).reshape(n, V, ds)
                 o = deltanet.gated_delta_rule(q, k, v, np.exp(g), beta, self.ssm_state[il], ssm_scale)
                 if self.on_state is not None:
-                    self.on_state(StateTrace(il, p0, n, self.conv_state[il].copy(), self.ssm_state[il].copy()))
+                    self.on_state(StateTrace(il, p0, n, self.conv_state[il].copy(),
+                                             self.ssm_state[il].transpose(0, 2, 1).copy()))
                 # gated norm per value head, then the output projection
                 o = rms_norm_heads(o, self._vec(b + "ssm_norm.weight"), eps) * silu(z.reshape(n, V, ds))
                 a = self._mm(b + "ssm_out.weight", o.reshape(n, V * ds))
