@@ -201,6 +201,20 @@ def lose_remainder(kernel):
 K._MATMUL = {q: lose_remainder(k) for q, k in K._MATMUL.items()}
 """
 
+# A layer computes its experts in memory first, the rest once read (engine/model.py
+# moe_output); here the second group's output rows land in each other's places.
+LATE_EXPERTS_SWAPPED = """
+import engine.model as M
+good, seen = M.experts_ffn, {"a": None}
+def experts_ffn(parts, types, a, rows_of):
+    y = good(parts, types, a, rows_of)
+    if seen["a"] is a:          # the layer's second call: the experts that were still being read
+        y = y[::-1].copy()
+    seen["a"] = a
+    return y
+M.experts_ffn = experts_ffn
+"""
+
 FAULT_SET: dict[str, Fault] = {
     # ---- kernel numerics
     "Q6_K products 0.2 % too large": Fault(Q6K_TOO_LARGE, "kernel numerics", "a Q6_K tensor"),
@@ -244,6 +258,8 @@ FAULT_SET: dict[str, Fault] = {
     """, "prefetch"),
     "a large expert prefetched into a small slot": Fault(WRONG_SIZE_PREFETCH, "prefetch", "two expert sizes"),
     "a slot computed from before its read completed": Fault(SLOT_BEFORE_READ, "prefetch"),
+    "the experts read late given each other's outputs": Fault(LATE_EXPERTS_SWAPPED, "prefetch",
+                                                              "two experts of a layer still read at its lookup"),
     # a prediction issued late, after waiting for a full queue, reads the neighbouring expert:
     # only a run whose queue overflows with predictions that outlive their layer reaches it
     "a late-issued prefetch reads the neighbouring expert": Fault("""

@@ -136,6 +136,19 @@ def test_kernel_names_a_part_read_a_page_off_by_comparison_not_by_a_crash(tmp_pa
     assert bad["properties"]["slot_holds"] == "L1 E2 down +4096 B"
 
 
+def test_the_model_check_catches_late_experts_given_each_others_outputs(tmp_path, tiny_model):
+    """The experts a layer still reads at its lookup are computed after those in memory; a
+    copy that puts their output rows in each other's places gives plausible logits, and the
+    paged runs of the model check (the tiny model in its small arena: misses in every layer)
+    differ from the reference."""
+    cmd = broken_engine(tmp_path, FAULT_SET["the experts read late given each other's outputs"].patch)
+    rc, rep = run_check(tmp_path, tiny_model, cmd, "--suites", "model", "--no-build")
+    st = statuses(rep, "model")
+    assert rc == 1 and st["prompt positions"] == "fail" and st["decode positions"] == "fail", st
+    msg = {r["name"]: r["message"] for r in results(rep, "model")}["prompt positions"]
+    assert "differ from the reference" in msg, msg
+
+
 # ----------------------------------------------------------------- layer & prefetch-stress
 
 def test_prefetch_stress_catches_prefetch_into_wrong_size_slot(tmp_path, tiny_model):
