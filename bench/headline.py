@@ -57,6 +57,7 @@ from epmci.contract.runspec import STATS_FILE, RunSpec  # noqa: E402
 from epmci.perf.speed import disk_mib_s  # noqa: E402
 
 ENGINE_CTX = 512        # the engine's default context: the prompt and -n fit
+# the prompt of every paging and decode bench (bench/paging.py, profile.py, decode.py)
 PROMPT = "Write a short paragraph about how mixture-of-experts models route tokens."
 
 LLAMA_SCRIPT = textwrap.dedent("""

@@ -41,8 +41,8 @@ from engine.runtime import Engine, Options  # noqa: E402
 from epmci.contract.outputs import STATS_MEASURED_FIELDS  # noqa: E402
 from epmci.contract.process import drop_page_cache  # noqa: E402
 from epmci.synth.store import make_model  # noqa: E402
+from headline import PROMPT  # noqa: E402  (the bench prompt, one place: bench/headline.py)
 
-PROMPT = "Write a short paragraph about how mixture-of-experts models route tokens."
 BATCH = 8
 
 

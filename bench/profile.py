@@ -34,8 +34,8 @@ import engine.qwen35moe as Q  # noqa: E402
 from engine.qtypes import QTYPES  # noqa: E402
 from engine.runtime import Engine, Options  # noqa: E402
 from epmci.synth.store import make_model  # noqa: E402
+from headline import PROMPT  # noqa: E402  (the bench prompt, one place: bench/headline.py)
 
-PROMPT = "Write a short paragraph about how mixture-of-experts models route tokens."
 OPS = ("rms_norm", "rms_norm_heads", "rope_neox", "attention_probs", "attention_values", "softmax", "swiglu")
 # qwen35moe's own ops, looked up in engine.qwen35moe's namespace and engine.deltanet's
 QWEN35_OPS = ("rms_norm", "rms_norm_heads", "l2_norm_heads", "sigmoid", "silu", "softplus")
