@@ -14,7 +14,8 @@ first (llama.cpp's); ssm (V, ds, ds) kept as [j, i, m] = S_j[i][m] (i key, m val
 llama.cpp stores ssm transposed, [j, m, i], and so does the contract's state dump
 (engine/qwen35moe.py transposes a copy for it): each of S_j's sums runs over i in order, so
 the only vector direction is across m, and in llama.cpp's layout consecutive m are a row
-apart (the recurrence 1.6x faster at one token, 3x at 32, in this layout; docs/PERF.md).
+apart (the recurrence 1.7-1.9x faster at one token, 2.6-2.8x at 32 in this layout;
+bench/deltanet.py, docs/PERF.md).
 """
 
 from __future__ import annotations
