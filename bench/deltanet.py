@@ -24,15 +24,10 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-if "--threads" in sys.argv:   # numba sizes its pool at import
-    os.environ.setdefault("NUMBA_NUM_THREADS", sys.argv[sys.argv.index("--threads") + 1])
-
-import numpy as np  # noqa: E402
-
-from engine import deltanet as TREE_MODULE  # noqa: E402
-
 LAYERS, V, G, DS = 30, 32, 16, 128
 TREE = "working tree"
 
@@ -78,9 +73,13 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--json")
     a = ap.parse_args()
+    os.environ["NUMBA_NUM_THREADS"] = str(a.threads)   # numba sizes its pool once, at import
+    import numba
+    from engine import deltanet as tree_module
+    assert numba.get_num_threads() == a.threads, (numba.get_num_threads(), a.threads)
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as tmp:
-        kernels = {TREE: TREE_MODULE, a.ref: module_at(a.ref, Path(tmp))}
+        kernels = {TREE: tree_module, a.ref: module_at(a.ref, Path(tmp))}
         results = []
         for n in map(int, a.rows.split(",")):
             args = inputs(rng, n)
